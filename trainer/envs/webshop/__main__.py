@@ -1,0 +1,76 @@
+"""``python -m trainer.envs.webshop freeze`` writes the eval split; ``bench`` prints the report figures."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+from trainer.envs.splits import split_path, write_split
+
+
+def freeze() -> None:
+    from trainer.envs.webshop.env import synthetic_eval_goals
+
+    goals = synthetic_eval_goals()
+    digest = write_split(split_path("WebShop-synth"), goals)
+    print(f"wrote {len(goals)} eval goals to {split_path('WebShop-synth')} (sha256 {digest[:12]})")
+
+
+def bench(n_eval: int = 50, n_random: int = 200) -> None:
+    from trainer.envs.webshop import catalogue
+    from trainer.envs.webshop.env import WebShopEnv, random_valid_action, synthetic_world
+
+    t = time.perf_counter()
+    cat = catalogue.generate_catalogue(0)
+    products = catalogue.normalize_products(cat["items"], cat["attributes"])
+    t_gen = time.perf_counter() - t
+    t = time.perf_counter()
+    synthetic_world()
+    t_world = time.perf_counter() - t
+    print(
+        f"catalogue: {len(products)} products, {len({p['query'] for p in products})} categories, "
+        f"{len(cat['goals'])} base goals; generate+normalise {t_gen:.2f} s; with BM25 index {t_world:.2f} s"
+    )
+
+    env = WebShopEnv("eval")
+    wins, turns, resets, steps = 0, [], [], []
+    for seed in range(n_eval):
+        t = time.perf_counter()
+        env.reset(seed)
+        resets.append(time.perf_counter() - t)
+        while not env.done:
+            action = env.expert_action()
+            t = time.perf_counter()
+            _, reward, done, info = env.step(action)
+            steps.append(time.perf_counter() - t)
+        wins += info["success"]
+        turns.append(env.turn)
+    print(
+        f"expert on eval seeds 0..{n_eval - 1}: success {wins}/{n_eval} = {wins / n_eval:.0%}, "
+        f"mean turns {statistics.mean(turns):.1f}"
+    )
+    print(
+        f"reset median {statistics.median(resets) * 1e3:.3f} ms; "
+        f"step median {statistics.median(steps) * 1e3:.3f} ms "
+        f"(n={len(steps)}; search steps max {max(steps) * 1e3:.1f} ms)"
+    )
+
+    rng = random.Random(0)
+    wins, rewards = 0, []
+    for seed in range(n_random):
+        env.reset(seed)
+        while not env.done:
+            _, reward, done, info = env.step(random_valid_action(env, rng))
+        wins += info["success"]
+        rewards.append(reward)
+    print(
+        f"random valid actions on {n_random} eval episodes: "
+        f"success {wins}/{n_random} = {wins / n_random:.1%}, "
+        f"mean reward {statistics.mean(rewards):.3f}"
+    )
+
+
+if __name__ == "__main__":
+    {"freeze": freeze, "bench": bench}[sys.argv[1] if len(sys.argv) > 1 else "bench"]()
