@@ -73,12 +73,12 @@ def group_normalise(rewards: torch.Tensor, keys: torch.Tensor, eps: float = 1e-6
     _, idx = torch.unique(keys, return_inverse=True)  # (B,) group index of each trajectory
     G = int(idx.max()) + 1 if B else 0
     count = torch.bincount(idx, minlength=G).to(torch.float64)  # (G,)
-    mean = torch.zeros(G, dtype=torch.float64).index_add_(0, idx, r) / count
+    mean = r.new_zeros(G).index_add_(0, idx, r) / count
     dev = r - mean[idx]
-    var = torch.zeros(G, dtype=torch.float64).index_add_(0, idx, dev * dev) / (count - 1).clamp(min=1)
+    var = r.new_zeros(G).index_add_(0, idx, dev * dev) / (count - 1).clamp(min=1)
     # all-equal groups: test max == min exactly, since float means of equal values need not be exact
-    r_max = torch.full((G,), -torch.inf, dtype=torch.float64).scatter_reduce(0, idx, r, "amax")
-    r_min = torch.full((G,), torch.inf, dtype=torch.float64).scatter_reduce(0, idx, r, "amin")
+    r_max = r.new_full((G,), -torch.inf).scatter_reduce(0, idx, r, "amax")
+    r_min = r.new_full((G,), torch.inf).scatter_reduce(0, idx, r, "amin")
     flat = (r_max == r_min)[idx]
     adv = torch.where(flat, torch.zeros_like(dev), dev / (var.sqrt()[idx] + eps))
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
@@ -88,7 +88,7 @@ def _adv_metrics(adv: torch.Tensor, guided: torch.Tensor, keys: torch.Tensor) ->
     guided = guided.bool()
     _, idx = torch.unique(keys, return_inverse=True)
     n_groups = int(idx.max()) + 1 if idx.numel() else 0
-    group_abs_max = torch.zeros(n_groups, dtype=adv.dtype).scatter_reduce(0, idx, adv.abs(), "amax")
+    group_abs_max = adv.new_zeros(n_groups).scatter_reduce(0, idx, adv.abs(), "amax")
     n_flat = int((group_abs_max == 0).sum())
     metrics: Metrics = {
         "adv/mean": adv.mean().item() if adv.numel() else 0.0,
@@ -155,7 +155,7 @@ def subgroup_weights(guided: torch.Tensor, group_ids: torch.Tensor | None = None
     _, sub = torch.unique(task * 2 + guided.long(), return_inverse=True)  # (B,) subgroup index
     n_tasks = int(task.max()) + 1 if B else 0
     sub_size = torch.bincount(sub).float()  # (S,) trajectories per subgroup
-    sub_task = torch.zeros(len(sub_size), dtype=torch.long, device=guided.device).scatter_(0, sub, task)
+    sub_task = task.new_zeros(len(sub_size)).scatter_(0, sub, task)
     subs_per_task = torch.bincount(sub_task, minlength=n_tasks).float()  # (n_tasks,) 1 or 2
     return 1.0 / (sub_size[sub] * subs_per_task[task] * max(n_tasks, 1))
 
