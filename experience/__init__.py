@@ -1,0 +1,1 @@
+"""The experience bank: pgvector storage, the ExperienceManager, retrieval and merging."""

@@ -1,0 +1,91 @@
+"""Shared fixtures: the real embedded services, a real Celery worker, logged-in users.
+
+Tests that touch the database get PostgreSQL + pgvector (pytest-django creates ``test_studio``);
+the embedded servers are started once per session, and stopped at the end if this session
+started them. Nothing here is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from trainer.paths import var_dir
+from webapp import embedded
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Production serves hashed files collected by `collectstatic`; tests render templates without it.
+settings.STORAGES = settings.STORAGES | {
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
+}
+Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def embedded_services():
+    started = embedded.start_all()
+    if embedded.uses_embedded_postgres():
+        settings.DATABASES["default"]["HOST"] = str(embedded.pg_socket_dir())
+    yield
+    embedded.stop_all(only=started)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(embedded_services, django_db_modify_db_settings_parallel_suffix):
+    """pytest-django's hook before it creates the test database: the servers must run by then."""
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """Before pytest-django drops the test database, end sessions it cannot drop under (socket threads)."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, django_db_blocker):
+    """A real Celery worker process on a queue of its own, using the test database."""
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    env = os.environ | {"STUDIO_DB_NAME": settings.DATABASES["default"]["NAME"], "PYTHONUNBUFFERED": "1"}
+    log_path = var_dir() / f"celery-{queue}.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queue, "--pool", "solo",
+         "--hostname", f"{queue}@%h", "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    from webapp.celery import app
+
+    deadline = time.monotonic() + 60
+    while not app.control.ping(destination=[f"{queue}@{os.uname().nodename}"], timeout=1.0):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            worker.kill()
+            raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
+    yield queue
+    worker.terminate()
+    worker.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("alice", password="correct horse battery")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("bob", password="correct horse battery")

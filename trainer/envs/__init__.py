@@ -1,0 +1,13 @@
+"""Text environments behind one protocol (see ``base.py``). Importing this package registers them."""
+
+from trainer.envs.base import (  # noqa: F401
+    MIXTURES,
+    StepInfo,
+    TaskMixture,
+    TextEnv,
+    env_names,
+    make_env,
+    make_mixture,
+    register_env,
+)
+from trainer.envs import alfworld, minihack, sokoban, swe, webshop  # noqa: F401,E402  (register)

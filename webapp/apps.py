@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WebappConfig(AppConfig):
+    name = "webapp"
+    verbose_name = "Complementary RL Studio"

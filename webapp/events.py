@@ -1,0 +1,17 @@
+"""Live events for a run: one group per run, named here and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+
+def run_group(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def broadcast_run_event(run_id: int, event: dict[str, Any]) -> None:
+    """Send ``event`` to every socket watching the run (from any process, through Redis)."""
+    async_to_sync(get_channel_layer().group_send)(run_group(run_id), {"type": "run.event", "event": event})
