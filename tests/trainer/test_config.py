@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import json
 
 import pytest
@@ -50,7 +51,7 @@ def test_every_field_has_a_docstring(section):
     body = tree.body[0].body
     documented = {
         node.target.id
-        for node, nxt in zip(body, body[1:], strict=False)
+        for node, nxt in itertools.pairwise(body)
         if isinstance(node, ast.AnnAssign)
         and isinstance(nxt, ast.Expr)
         and isinstance(nxt.value, ast.Constant)
