@@ -373,13 +373,15 @@ def _raw_item(
 def generate_catalogue(seed: int = 0, bases_per_category: int = 20) -> dict[str, Any]:
     """Raw products, their attribute records and the primary goal of every base product.
 
-    Returns ``{"items": [...], "attributes": {asin: {...}}, "goals": [...]}``; each goal carries
-    ``split`` ("train" or "eval") and the ``template`` index it was written with.
+    Returns ``{"items": [...], "attributes": {asin: {...}}, "goals": [...], "distractors": {asin:
+    [asin, ...]}}``; each goal carries ``split`` ("train" or "eval") and the ``template`` index it
+    was written with; ``distractors`` lists each target's near-duplicates (attribute, option, price).
     """
     rng = random.Random(f"webshop-synth/{CATALOGUE_VERSION}/{seed}")
     items: list[dict[str, Any]] = []
     attributes: dict[str, dict[str, Any]] = {}
     goals: list[dict[str, Any]] = []
+    distractors: dict[str, list[str]] = {}
 
     def add(cat: Category, brand: str, attrs: list[str], opts: dict[str, list[str]], price: float) -> str:
         asin = "B0" + "".join(rng.choices(_ASIN_CHARS, k=8))
@@ -416,13 +418,16 @@ def generate_catalogue(seed: int = 0, bases_per_category: int = 20) -> dict[str,
                 (attrs, no_option, price),
                 (attrs, opts, goal["price_upper"] + rng.choice([4.99, 14.99, 29.99])),
             ):
-                add(cat, _brand(rng), d_attrs, d_opts, d_price)
+                distractors.setdefault(goal["asin"], []).append(
+                    add(cat, _brand(rng), d_attrs, d_opts, d_price)
+                )
                 while best_reward(normalize_products(items[-1:], attributes)[0], goal) >= 1.0:
                     # a brand name can spell a goal word that WebShop's reward finds in the title
                     items[-1] = _raw_item(items[-1]["asin"], cat, _brand(rng), d_attrs, d_opts, d_price, rng)
     order = list(range(len(items)))
     rng.shuffle(order)  # like items_shuffle.json: targets are not first among their distractors
-    return {"items": [items[i] for i in order], "attributes": attributes, "goals": goals}
+    items = [items[i] for i in order]
+    return {"items": items, "attributes": attributes, "goals": goals, "distractors": distractors}
 
 
 def make_goal(

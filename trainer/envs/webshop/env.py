@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from trainer.envs.base import StepInfo, TextEnv, register_env
 from trainer.envs.splits import load_split, split_path
 from trainer.envs.webshop.catalogue import (
@@ -65,6 +63,8 @@ class SearchEngine:
 
     def search(self, keywords: str, k: int = SEARCH_RETURN_N) -> list[str]:
         """The top ``k`` asins that share at least one term with ``keywords``, best first."""
+        import numpy as np
+
         query = [t for t in dict.fromkeys(_tokenize(keywords)) if t in self.bm25.idf]
         if not query:
             return []
