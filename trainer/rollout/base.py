@@ -1,0 +1,233 @@
+"""The rollout engine interface: requests in, generations out, weights synced in place.
+
+Engines are pluggable backends (like Django's session backends): one base class here, one module per
+backend (``hf``, ``vllm``), picked by name with :func:`make_engine`. Every backend follows the same
+conventions, so the trainer never needs to know which one produced a batch:
+
+- all requests of a ``generate`` call run as one batch;
+- ``Generation.token_ids`` include the token that stopped the generation (EOS or a stop token), so the
+  policy is trained on when to stop;
+- ``Generation.logprobs`` are the log-probabilities of the sampled tokens under the *raw* model
+  distribution (before temperature and top-p), which is what vLLM reports and what
+  :func:`sequence_logprobs` recomputes under the trainer's model;
+- every generation carries the weight version of the engine that produced it; ``update_weights``
+  refuses a version that does not increase, so stale weights fail loudly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+class EngineError(RuntimeError):
+    """A rollout engine cannot be built or used as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion to sample from a tokenised prompt."""
+
+    prompt_ids: tuple[int, ...]
+    """The prompt, already tokenised (chat template applied by the caller)."""
+    max_new_tokens: int = 64
+    """Upper bound on generated tokens; reaching it gives finish reason ``"length"``."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    seed: int | None = None
+    """Per-request sampling seed: the same request with the same seed gives the same completion."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra tokens that end the generation (the model's EOS always does); they are kept in the output."""
+    json_schema: Mapping[str, Any] | None = None
+    """If given, the completion is constrained to JSON valid under this schema (vLLM engine only)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not self.prompt_ids:
+            raise ValueError("a generation request needs at least one prompt token")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    """What an engine sampled for one request."""
+
+    token_ids: list[int]
+    """The completion, including the stop token when the finish reason is ``"stop"``."""
+    logprobs: list[float]
+    """Raw-model log-probability of each token in ``token_ids`` (same length)."""
+    finish_reason: FinishReason
+    """``"stop"``: EOS or a stop token was sampled; ``"length"``: ``max_new_tokens`` was reached."""
+    text: str
+    """The completion decoded without special tokens."""
+    weight_version: int = 0
+    """The engine's weight version when this completion was sampled."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Backend-specific details (never needed by the trainer)."""
+
+
+class Engine(ABC):
+    """Base class of rollout engines. Construction loads the model; ``close()`` frees it.
+
+    Subclasses implement ``_generate``, ``_score``, ``_load_weights`` and ``_close``; this class validates
+    inputs, stamps weight versions and guards against use after close.
+    """
+
+    name: str = ""
+
+    def __init__(self, model_path: Path | str) -> None:
+        self.model_path = Path(model_path)
+        self._weight_version = 0
+        self._closed = False
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights currently served (0: the checkpoint's own weights)."""
+        return self._weight_version
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Sample one completion per request, all in one batch; results keep the request order."""
+        self._check_open()
+        if not requests:
+            return []
+        generations = self._generate(list(requests))
+        for generation in generations:
+            generation.weight_version = self._weight_version
+        return generations
+
+    def score(
+        self, prompt_ids_list: Sequence[Sequence[int]], completion_ids_list: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Raw-model log-probability of every token of given completions under the served weights.
+
+        The check that an engine serves the trainer's weights: compare with :func:`sequence_logprobs`.
+        """
+        self._check_open()
+        if len(prompt_ids_list) != len(completion_ids_list):
+            raise ValueError("score needs as many prompts as completions")
+        if any(not c for c in completion_ids_list) or any(not p for p in prompt_ids_list):
+            raise ValueError("score needs non-empty prompts and completions")
+        return self._score([list(p) for p in prompt_ids_list], [list(c) for c in completion_ids_list])
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Serve new weights (a trainer model's ``state_dict()``) from now on, stamped ``version``."""
+        self._check_open()
+        if version <= self._weight_version:
+            raise EngineError(
+                f"{self.name} engine: weight version {version} is not newer than the served "
+                f"version {self._weight_version}; versions must increase with every update"
+            )
+        self._load_weights(state_dict)
+        self._weight_version = version
+
+    def close(self) -> None:
+        """Free the model and its memory; safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError(f"{self.name} engine for {self.model_path} is closed")
+
+    @abstractmethod
+    def _generate(self, requests: list[GenerationRequest]) -> list[Generation]: ...
+
+    @abstractmethod
+    def _score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]: ...
+
+    @abstractmethod
+    def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+
+# name -> "module:Class"; imported on first use so that `import vllm` (~7 s) only happens when asked.
+ENGINE_BACKENDS: dict[str, str] = {
+    "hf": "trainer.rollout.hf:HFEngine",
+    "vllm": "trainer.rollout.vllm:VLLMEngine",
+}
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The engine class registered under ``name``."""
+    try:
+        target = ENGINE_BACKENDS[name]
+    except KeyError:
+        raise EngineError(
+            f"unknown rollout engine {name!r}; choose one of {', '.join(sorted(ENGINE_BACKENDS))}"
+        ) from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def make_engine(name: str, model_path: Path | str, **options: Any) -> Engine:
+    """Build the engine ``name`` ("vllm" or "hf") for the model folder ``model_path``."""
+    return engine_class(name)(model_path, **options)
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    prompt_ids_list: Sequence[Sequence[int]],
+    completion_ids_list: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 16,
+) -> list[torch.Tensor]:
+    """Log-probability of every completion token under ``model``, given its prompt.
+
+    Returns one 1-D float32 tensor per completion (length = completion length), on the model's
+    device. Gradients flow when the caller's grad mode allows it; wrap in ``torch.no_grad()`` to
+    recompute old log-probs. Sequences are right-padded in minibatches of ``batch_size``.
+    """
+    import torch
+
+    if len(prompt_ids_list) != len(completion_ids_list):
+        raise ValueError("sequence_logprobs needs as many prompts as completions")
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = []
+    for start in range(0, len(prompt_ids_list), batch_size):
+        mb_prompts = prompt_ids_list[start : start + batch_size]
+        mb_completions = completion_ids_list[start : start + batch_size]
+        seqs = [list(p) + list(c) for p, c in zip(mb_prompts, mb_completions, strict=True)]
+        B, T = len(seqs), max(len(s) for s in seqs)
+        input_ids = torch.zeros(B, T, dtype=torch.long, device=device)
+        attention_mask = torch.zeros(B, T, dtype=torch.long, device=device)
+        for i, seq in enumerate(seqs):
+            input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[i, : len(seq)] = 1
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
+        for i, (prompt, completion) in enumerate(zip(mb_prompts, mb_completions, strict=True)):
+            P, C = len(prompt), len(completion)
+            # the token at position t is predicted by the logits at t - 1
+            row = logits[i, P - 1 : P + C - 1]  # (C, V)
+            target = input_ids[i, P : P + C]
+            out.append(row.gather(-1, target[:, None]).squeeze(-1) - row.logsumexp(-1))
+    return out

