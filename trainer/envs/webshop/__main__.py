@@ -31,11 +31,12 @@ def bench(n_eval: int = 50, n_random: int = 200) -> None:
     t_world = time.perf_counter() - t
     print(
         f"catalogue: {len(products)} products, {len({p['query'] for p in products})} categories, "
-        f"{len(cat['goals'])} base goals; generate+normalise {t_gen:.2f} s; with BM25 index {t_world:.2f} s"
+        f"{len(cat['goals'])} base goals; generate+normalise {t_gen:.2f} s; "
+        f"whole world with BM25 index {t_world:.2f} s"
     )
 
     env = WebShopEnv("eval")
-    wins, turns, resets, steps = 0, [], [], []
+    wins, turns, resets, searches, clicks, fallbacks = 0, [], [], [], [], 0
     for seed in range(n_eval):
         t = time.perf_counter()
         env.reset(seed)
@@ -44,17 +45,18 @@ def bench(n_eval: int = 50, n_random: int = 200) -> None:
             action = env.expert_action()
             t = time.perf_counter()
             _, reward, done, info = env.step(action)
-            steps.append(time.perf_counter() - t)
+            (searches if action.startswith("search") else clicks).append(time.perf_counter() - t)
         wins += info["success"]
         turns.append(env.turn)
+        fallbacks += env._expert_searches > 1
     print(
         f"expert on eval seeds 0..{n_eval - 1}: success {wins}/{n_eval} = {wins / n_eval:.0%}, "
-        f"mean turns {statistics.mean(turns):.1f}"
+        f"mean turns {statistics.mean(turns):.1f}, title-search fallbacks {fallbacks}"
     )
     print(
-        f"reset median {statistics.median(resets) * 1e3:.3f} ms; "
-        f"step median {statistics.median(steps) * 1e3:.3f} ms "
-        f"(n={len(steps)}; search steps max {max(steps) * 1e3:.1f} ms)"
+        f"median costs: reset {statistics.median(resets) * 1e3:.3f} ms, "
+        f"search step {statistics.median(searches) * 1e3:.2f} ms (n={len(searches)}), "
+        f"click step {statistics.median(clicks) * 1e3:.3f} ms (n={len(clicks)})"
     )
 
     rng = random.Random(0)

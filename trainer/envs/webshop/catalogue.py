@@ -403,7 +403,7 @@ def generate_catalogue(seed: int = 0, bases_per_category: int = 20) -> dict[str,
             }
             price = round(rng.uniform(*cat.price), 0) - 0.01
             add(cat, brand, attrs, opts, price)
-            goal = make_goal(rng, items[-1], attrs, split)
+            goal = make_goal(rng, normalize_products(items[-1:], attributes)[0], split)
             goals.append(goal)
             # near-duplicate distractors, each differing from the target in one way
             other_attr = rng.choice([a for a in cat.attributes if a not in attrs])
@@ -431,14 +431,14 @@ def generate_catalogue(seed: int = 0, bases_per_category: int = 20) -> dict[str,
 
 
 def make_goal(
-    rng: random.Random, raw: dict[str, Any], attrs: list[str], split: str, template: int | None = None
+    rng: random.Random, product: dict[str, Any], split: str, template: int | None = None
 ) -> dict[str, Any]:
-    """A goal for a raw product: some of its attributes, one value per option group, a price ceiling."""
-    cat = next(c for c in CATEGORIES if c.query == raw["query"])
-    goal_attrs = rng.sample(attrs, rng.randint(1, 2))
-    options = {g: rng.choice([v["value"] for v in vs]) for g, vs in raw["customization_options"].items()}
-    price = float(raw["pricing"].lstrip("$"))
-    price_upper = _price_upper(rng, price)
+    """A goal for a (normalised) product: 1-2 of its attributes, one value per option group, a price
+    ceiling by WebShop's rule, written with one of the split's templates unless ``template`` is given."""
+    cat = next(c for c in CATEGORIES if c.query == product["query"])
+    goal_attrs = rng.sample(product["Attributes"], rng.randint(1, 2))
+    options = {g: rng.choice(values) for g, values in product["options"].items()}
+    price_upper = _price_upper(rng, product["pricing"][0])
     if template is None:
         held_out = split == "eval" and rng.random() < 0.5
         template = rng.choice(EVAL_ONLY_TEMPLATES if held_out else TRAIN_TEMPLATES)
@@ -450,11 +450,11 @@ def make_goal(
         price=f"{price_upper:.2f}",
     )
     return {
-        "asin": raw["asin"],
-        "category": raw["category"],
-        "query": raw["query"],
-        "name": raw["name"],
-        "product_category": raw["product_category"],
+        "asin": product["asin"],
+        "category": product["category"],
+        "query": product["query"],
+        "name": product["Title"],
+        "product_category": product["product_category"],
         "instruction_text": text,
         "attributes": goal_attrs,
         "price_upper": price_upper,

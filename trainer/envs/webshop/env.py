@@ -17,7 +17,7 @@ import functools
 import os
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from trainer.envs.base import StepInfo, TextEnv, register_env
 from trainer.envs.splits import load_split, split_path
 from trainer.envs.webshop.catalogue import (
     DATA_ENV_VAR,
-    TRAIN_TEMPLATES,
     generate_catalogue,
     goal_option_clicks,
     load_real_webshop,
@@ -83,7 +82,6 @@ class World:
     train_goals: list[dict[str, Any]]
     eval_goals: list[dict[str, Any]]
     synthetic: bool
-    raw_attributes: dict[str, list[str]] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=2)
@@ -106,7 +104,6 @@ def synthetic_world(seed: int = CATALOGUE_SEED) -> World:
         train_goals=[g for g in cat["goals"] if g["split"] == "train"],
         eval_goals=eval_goals,
         synthetic=True,
-        raw_attributes={a: r["attributes"] for a, r in cat["attributes"].items()},
     )
 
 
@@ -117,7 +114,10 @@ def real_world(folder: str) -> World:
     Small files (under 2,000 goals) put the first fifth in eval and the rest in train.
     """
     products, goals = load_real_webshop(folder)
-    n_eval, n_skip = (500, 1500) if len(goals) >= 2000 else (max(1, len(goals) // 5),) * 2
+    if len(goals) >= 2000:
+        n_eval, n_skip = 500, 1500
+    else:
+        n_eval = n_skip = max(1, len(goals) // 5)
     return World(
         products={p["asin"]: p for p in products},
         prices=product_prices(products),
@@ -177,19 +177,7 @@ class WebShopEnv(TextEnv):
         if not self.world.synthetic or rng.random() < 0.5:
             return base
         # a fresh goal for the same target: other attributes, options, ceiling or template
-        product = self.world.products[base["asin"]]
-        raw = {
-            "asin": product["asin"],
-            "name": product["Title"],
-            "query": product["query"],
-            "category": product["category"],
-            "product_category": product["product_category"],
-            "pricing": f"${product['pricing'][0]:.2f}",
-            "customization_options": {g: [{"value": v} for v in vs] for g, vs in product["options"].items()},
-        }
-        return make_goal(
-            rng, raw, self.world.raw_attributes[base["asin"]], "train", rng.choice(TRAIN_TEMPLATES)
-        )
+        return make_goal(rng, self.world.products[base["asin"]], "train")
 
     def _reset(self, seed: int) -> tuple[str, StepInfo]:
         self.goal_record = self._pick_goal(seed)
@@ -359,17 +347,19 @@ register_env("WebShop-synth")(WebShopEnv)
 
 
 @register_env("WebShop")
-def real_webshop(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> WebShopEnv:
+class RealWebShopEnv(WebShopEnv):
     """WebShop on its real product data, from ``data_dir`` or ``$WEBSHOP_DATA``."""
-    folder = data_dir or os.environ.get(DATA_ENV_VAR)
-    if not folder:
-        raise RuntimeError(
-            f"WebShop needs its data files: set {DATA_ENV_VAR} to a folder holding items_shuffle*.json and "
-            "items_ins_v2*.json (github.com/princeton-nlp/WebShop, setup.sh), or use WebShop-synth"
-        )
-    env = WebShopEnv(split, data_dir=folder)
-    env.name = "WebShop"
-    return env
+
+    name = "WebShop"
+
+    def __init__(self, split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> None:
+        folder = data_dir or os.environ.get(DATA_ENV_VAR)
+        if not folder:
+            raise RuntimeError(
+                f"WebShop needs its data files: set {DATA_ENV_VAR} to a folder holding items_shuffle*.json "
+                "and items_ins_v2*.json (github.com/princeton-nlp/WebShop, setup.sh), or use WebShop-synth"
+            )
+        super().__init__(split, data_dir=folder)
 
 
 def random_valid_action(env: WebShopEnv, rng: random.Random) -> str:
