@@ -322,6 +322,27 @@ def test_real_webshop_files_load_in_webshops_schema(tmp_path, monkeypatch):
             assert run_expert(e, seed)["success"]
 
 
+def test_real_webshop_human_instructions_replace_the_synthetic_goals(tmp_path):
+    _write_webshop_files(tmp_path)
+    human = {
+        "B07AAA0001": [
+            {
+                "instruction": "i want non slip trail shoes in size 10.",
+                "instruction_attributes": ["non slip"],
+                "instruction_options": ["10"],
+            },
+            {"instruction": "no attributes here", "instruction_attributes": [], "instruction_options": []},
+        ]
+    }
+    (tmp_path / "items_human_ins.json").write_text(json.dumps(human))
+    env = make_env("WebShop", "eval", data_dir=tmp_path)
+    (goal,) = env.world.eval_goals + env.world.train_goals
+    assert goal["instruction_text"].startswith("i want non slip trail shoes in size 10, and price lower than")
+    assert goal["goal_options"] == {"0": "10"}
+    info = run_expert(env, 0)
+    assert info["success"] and info["options"] == {"size": "10"}
+
+
 def test_real_webshop_without_data_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.delenv("WEBSHOP_DATA", raising=False)
     with pytest.raises(RuntimeError, match="WEBSHOP_DATA"):

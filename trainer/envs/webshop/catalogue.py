@@ -421,8 +421,12 @@ def generate_catalogue(seed: int = 0, bases_per_category: int = 20) -> dict[str,
                 distractors.setdefault(goal["asin"], []).append(
                     add(cat, _brand(rng), d_attrs, d_opts, d_price)
                 )
+                redraws = 0
                 while best_reward(normalize_products(items[-1:], attributes)[0], goal) >= 1.0:
                     # a brand name can spell a goal word that WebShop's reward finds in the title
+                    redraws += 1
+                    if redraws > 20:
+                        raise RuntimeError(f"a near-duplicate of {goal['asin']} keeps satisfying its goal")
                     items[-1] = _raw_item(items[-1]["asin"], cat, _brand(rng), d_attrs, d_opts, d_price, rng)
     order = list(range(len(items)))
     rng.shuffle(order)  # like items_shuffle.json: targets are not first among their distractors
