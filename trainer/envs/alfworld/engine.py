@@ -1,0 +1,109 @@
+"""The ALFWorld text engine: TextWorld's PDDL environment behind ALFWorld's own wrappers.
+
+``alfworld`` and ``textworld`` are imported only here and only when an engine is built, so that
+``import trainer.envs`` works where they are missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+from trainer.paths import cache_dir
+
+INSTALL_HINT = "ALFWorld needs the alfworld package: pip install alfworld==0.4.2 (not alfworld[full])"
+
+
+def import_alfworld() -> None:
+    """Import ``alfworld`` with ``ALFWORLD_DATA`` set, so that it does not create ``~/.cache/alfworld``."""
+    os.environ.setdefault("ALFWORLD_DATA", str(cache_dir("alfworld")))
+    try:
+        import alfworld.info  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+
+
+def alfworld_package_dir() -> Path:
+    """The installed ``alfworld`` package folder (found without importing it)."""
+    spec = importlib.util.find_spec("alfworld")
+    if spec is None or spec.origin is None:
+        raise ImportError(INSTALL_HINT)
+    return Path(spec.origin).parent
+
+
+@functools.cache
+def _share_translations() -> None:
+    """Translate each PDDL problem once per process, not four times per game.
+
+    TextWorld's ``PddlState`` runs fast-downward's Python translator twice (plain and optimised)
+    each time it is built, and ``PddlEnv`` builds one on ``load`` and again on every ``reset``: about
+    a second per call for an ALFWorld problem. The translation is a pure function of the texts, so
+    the PDDL logic module gets a view of ``fast_downward`` whose ``pddl2sas`` remembers recent games.
+    """
+    import fast_downward
+    from textworld.envs.pddl import logic as pddl_logic
+
+    pddl2sas = functools.lru_cache(maxsize=32)(fast_downward.pddl2sas)
+    view = types.SimpleNamespace(**{k: getattr(fast_downward, k) for k in dir(fast_downward)})
+    view.pddl2sas = pddl2sas
+    pddl_logic.fast_downward = view
+
+
+class GameNotSolvable(RuntimeError):
+    """The planner found no plan (or the problem does not ground), so the game cannot be played."""
+
+
+class Engine:
+    """One warm TextWorld PDDL engine; ``load`` switches it to another game file.
+
+    The stack is ALFWorld's: ``AlfredExpert(AlfredInfos(AlfredDemangler(PddlEnv)))``. The planner
+    expert's plan is not recomputed on every step (that doubles the step cost); ``expert_plan()``
+    asks the planner for the current state when the expert is actually wanted.
+    """
+
+    def __init__(self) -> None:
+        import_alfworld()
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        from textworld.envs import PddlEnv
+
+        _share_translations()
+        infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])
+        self._pddl = PddlEnv(infos)
+        self._env = AlfredInfos(AlfredDemangler(self._pddl, shuffle=False))
+        self.game_file: str | None = None
+        self.state: Any = None
+
+    def load(self, game_file: str | Path) -> None:
+        game_file = str(game_file)
+        if game_file != self.game_file:
+            self.game_file = None
+            try:
+                self._env.load(game_file)
+            except KeyError as exc:  # the planner's translator fails on problems it cannot ground
+                raise GameNotSolvable(f"{game_file}: the PDDL problem does not ground ({exc!r})") from exc
+            self.game_file = game_file
+
+    def reset(self) -> tuple[str, list[str], bool]:
+        self.state = self._env.reset()
+        return self.state.feedback, self.admissible(), bool(self.state["won"])
+
+    def step(self, command: str) -> tuple[str, list[str], bool]:
+        self.state, _, _ = self._env.step(command)
+        return self.state.feedback, self.admissible(), bool(self.state["won"])
+
+    def admissible(self) -> list[str]:
+        return list(self.state["admissible_commands"])
+
+    def expert_plan(self) -> list[str]:
+        """The planner expert's plan from the current state ([] when there is none)."""
+        return list(self._pddl._pddl_state.replan(self._pddl._entity_infos))
+
+    def close(self) -> None:
+        from fast_downward import close_lib
+
+        close_lib(self._pddl.downward_lib)
