@@ -79,7 +79,7 @@ TASKS: list[MiniHackTask] = [
     MiniHackTask(
         name=f"MiniHack-Room-{variant + '-' if variant else ''}{size}",
         gym_id=f"MiniHack-Room-{variant + '-' if variant else ''}{size}-v0",
-        max_turns=30 if size == "5x5" else 80,
+        max_turns=15 if size == "5x5" else 50,
         goal=goal,
     )
     for size in ("5x5", "15x15")
@@ -88,13 +88,13 @@ TASKS: list[MiniHackTask] = [
     MiniHackTask(
         name="MiniHack-MazeWalk-9x9",
         gym_id="MiniHack-MazeWalk-9x9-v0",
-        max_turns=100,
+        max_turns=40,
         goal="Find the staircase down (>) in this maze. You see only what is near you.",
     ),
     MiniHackTask(
         name="MiniHack-KeyRoom-Dark-S5",
         gym_id="MiniHack-KeyRoom-Dark-S5-v0",
-        max_turns=60,
+        max_turns=40,
         goal=(
             "The staircase down (>) is in a small room behind a locked door (+). Find the key ((), stand on "
             "it and pick it up, stand directly north, south, east or west of the door and apply the key "
