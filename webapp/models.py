@@ -3,6 +3,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
+
+HEARTBEAT_TIMEOUT_S = 120
+"""A running run whose worker has not beaten for this long is shown as lost."""
 
 
 class RunQuerySet(models.QuerySet):
@@ -29,13 +33,23 @@ class Run(models.Model):
     name = models.CharField(max_length=200)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")
     shared = models.BooleanField(default=False, help_text="Visible to every user, not just the owner.")
+    tags = models.JSONField(default=list, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     method = models.CharField(max_length=32, default="grpo")
     env = models.CharField(max_length=100, default="MiniHack-Room-5x5")
     config = models.JSONField(default=dict)
     seed = models.IntegerField(default=0)
     step = models.IntegerField(default=0)
+    actor_version = models.IntegerField(default=0)
+    extractor_version = models.IntegerField(default=0)
+    checkpoint_dir = models.CharField(max_length=500, blank=True)
+    resume_from = models.CharField(max_length=500, blank=True)
+    environment = models.JSONField(default=dict, blank=True, help_text="Code and package versions, host.")
     error = models.TextField(blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    celery_task_id = models.CharField(max_length=64, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -47,3 +61,74 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
+
+    @property
+    def is_lost(self) -> bool:
+        """Running, but its worker stopped beating: it died or lost the database."""
+        if self.status != self.Status.RUNNING or self.heartbeat_at is None:
+            return False
+        return (timezone.now() - self.heartbeat_at).total_seconds() > HEARTBEAT_TIMEOUT_S
+
+    @property
+    def display_status(self) -> str:
+        return "lost" if self.is_lost else self.status
+
+    def claim(self, worker: str) -> bool:
+        """Take a queued run for this worker; False if someone else has it or it was cancelled."""
+        now = timezone.now()
+        claimed = Run.objects.filter(pk=self.pk, status=self.Status.QUEUED, cancel_requested=False).update(
+            status=self.Status.RUNNING, worker=worker, started_at=now, heartbeat_at=now
+        )
+        if claimed:
+            self.refresh_from_db()
+        return bool(claimed)
+
+    def finish(self, status: str, error: str = "") -> None:
+        Run.objects.filter(pk=self.pk).update(status=status, error=error, finished_at=timezone.now())
+        self.refresh_from_db()
+
+    def mark_failed(self, message: str) -> None:
+        self.finish(self.Status.FAILED, message)
+
+
+class MetricRow(models.Model):
+    """One step's metrics (train or eval): the durable record of a run and the replay cursor for live views."""
+
+    class Kind(models.TextChoices):
+        TRAIN = "train"
+        EVAL = "eval"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    step = models.IntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TRAIN)
+    wall_time = models.FloatField(help_text="Seconds since the run started.")
+    values = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        indexes = [models.Index(fields=["run", "kind", "step"])]
+        constraints = [models.UniqueConstraint(fields=["run", "kind", "step"], name="one_metric_row_per_step")]
+
+
+class EpisodeRecord(models.Model):
+    """One rollout of a step, with its turns, for the trajectory inspector and credit assignment."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="episodes")
+    step = models.IntegerField()
+    task_instance = models.IntegerField(help_text="Rollouts of the same task instance share this id.")
+    env = models.CharField(max_length=100)
+    seed = models.IntegerField()
+    guided = models.BooleanField()
+    experience_id = models.BigIntegerField(null=True, blank=True)
+    injected_experience = models.TextField(blank=True)
+    reward = models.FloatField()
+    success = models.BooleanField()
+    num_actions = models.IntegerField()
+    turns = models.JSONField(default=list)
+    actor_version = models.IntegerField(default=0)
+    extractor_version = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ["run", "step", "task_instance", "id"]
+        indexes = [models.Index(fields=["run", "step"])]
