@@ -229,11 +229,13 @@ class MiniHackEnv(TextEnv):
         self._obs, _, terminated, truncated, nle_info = self._nle.step(index)
         success = int(nle_info.get("end_status", 0)) == 2
         done = bool(terminated or truncated)
-        obs = self.render()
+        # NLE's last observation of a finished game is empty: say what happened instead of drawing it.
         if success:
-            obs += "\nYou reached the staircase down: task complete."
+            obs = "You reached the staircase down: task complete."
         elif done:
-            obs += "\nThe game is over: you died."
+            obs = f"The game is over: you died. {_text(self._obs['message'])}".strip()
+        else:
+            obs = self.render()
         info = StepInfo(goal=self.goal, success=success, admissible_actions=self.admissible_actions())
         return obs, self.success_reward if success else self.failure_reward, done, info
 
