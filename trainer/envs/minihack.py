@@ -226,7 +226,8 @@ class MiniHackEnv(TextEnv):
             info = StepInfo(goal=self.goal, admissible_actions=self.admissible_actions())
             return obs + self.render(), 0.0, False, info
         index = self._action_names().index(action)
-        self._obs, _, terminated, truncated, nle_info = self._nle.step(index)
+        step = self._apply_key if action == "apply key" else self._nle.step
+        self._obs, _, terminated, truncated, nle_info = step(index)
         success = int(nle_info.get("end_status", 0)) == 2
         done = bool(terminated or truncated)
         # NLE's last observation of a finished game is empty: say what happened instead of drawing it.
@@ -238,6 +239,27 @@ class MiniHackEnv(TextEnv):
             obs = self.render()
         info = StepInfo(goal=self.goal, success=success, admissible_actions=self.admissible_actions())
         return obs, self.success_reward if success else self.failure_reward, done, info
+
+    def _apply_key(self, index: int) -> tuple[Any, ...]:
+        """MiniHack's KeyRoom ``apply``, with a bound on its loop that walks into the door until it opens.
+
+        Unbounded (as in MiniHack), a door that stays locked after a failed unlocking would hang the env.
+        """
+        from minihack.envs.keyroom import MiniHackKeyDoor
+        from nle.nethack import Command
+
+        env = self._nle
+        letter = env.key_in_inventory("key")
+        direction = env.get_object_direction("closed door")
+        if letter is not None and direction is not None:
+            for key in (Command.APPLY, ord(letter), direction):
+                env.nethack.step(key)
+            obs, done = env._perform_known_steps(*env.nethack.step(ord("y")), exceptions=True)
+            for _ in range(20):
+                obs, done = env._perform_known_steps(*env.nethack.step(direction), exceptions=True)
+                if done or env.get_object_direction("closed door", obs) is None:
+                    break
+        return super(MiniHackKeyDoor, env).step(index)  # MiniHack's own final step, past its unbounded loop
 
     def _action_names(self) -> list[str]:
         return list(DIRECTIONS) + (list(KEY_ACTIONS) if self.task.uses_key else [])
@@ -323,6 +345,8 @@ class MiniHackEnv(TextEnv):
     # ---- expert --------------------------------------------------------------------------
     def _reveal_level(self) -> dict[tuple[int, int], str]:
         """The whole level of this seed: the same level description, lit and premapped, in a shadow env."""
+        from nle import nethack
+
         if self._shadow is None:
             from minihack import MiniHackNavigation
 
@@ -343,8 +367,6 @@ class MiniHackEnv(TextEnv):
         obs = self._seed(self._shadow, self._level_seed)
         sd = obs["screen_descriptions"]
         level = {}
-        from nle import nethack
-
         for y, x in zip(*np.nonzero(obs["chars"] != ord(" ")), strict=True):
             glyph = int(obs["glyphs"][y, x])
             # Monsters move: the level keeps what lies beneath them, floor or (rarely) the stairs.
@@ -403,7 +425,7 @@ class MiniHackEnv(TextEnv):
                     action = "apply key"
         if action is None:
             action = self._plan(pos, goals, level, monsters, door_closed)
-        self._last_move = (pos, action, False) if action in DIRECTIONS else None
+        self._last_move = None
         if action in DIRECTIONS:
             dx, dy = DIRECTIONS[action]
             self._last_move = (pos, action, (pos[0] + dx, pos[1] + dy) in monsters)
