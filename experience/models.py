@@ -1,12 +1,45 @@
+"""The experience bank: entries, their change history, merge records and Search-and-Ask exchanges."""
+
 from __future__ import annotations
 
+from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.db import models
 from pgvector.django import HnswIndex, VectorField
 
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
+FTS_CONFIG = "english"
 
 
-class Experience(models.Model):
+def search_document() -> SearchVector:
+    """The full-text document of an entry; the GIN index is built on exactly this expression."""
+    return SearchVector("title", "content", config=FTS_CONFIG)
+
+
+class GenerationFields(models.Model):
+    """The extractor sample (prompt, response, token ids, old log-probs, weight version) behind a text."""
+
+    generation_prompt = models.TextField(blank=True)
+    generation_response = models.TextField(blank=True)
+    generation_token_ids = models.JSONField(default=list, blank=True)
+    generation_logprobs = models.JSONField(default=list, blank=True)
+    generation_weight_version = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class ExperienceQuerySet(models.QuerySet):
+    def live(self) -> ExperienceQuerySet:
+        return self.filter(deleted_at__isnull=True)
+
+    def in_bank(self, run_id: int | None, scope: str | None = None) -> ExperienceQuerySet:
+        qs = self.live().filter(run_id=run_id)
+        return qs if scope is None else qs.filter(scope=scope)
+
+
+class Experience(GenerationFields):
     """One entry of a run's experience bank: a short title and abstract, reusable content."""
 
     run = models.ForeignKey("webapp.Run", on_delete=models.CASCADE, related_name="experiences", null=True)
@@ -14,8 +47,26 @@ class Experience(models.Model):
     title = models.CharField(max_length=300)
     content = models.TextField()
     embedding = VectorField(dimensions=EMBEDDING_DIM)
+    embedding_model = models.CharField(max_length=200, blank=True)
+    version = models.PositiveIntegerField(default=1, help_text="Incremented on every change of the entry.")
+    # provenance
+    source_episode = models.CharField(max_length=200, blank=True)
+    created_step = models.IntegerField(default=0)
+    updated_step = models.IntegerField(default=0)
+    # usage and training counters (updated with F() expressions, never read-modify-write)
+    retrieval_count = models.PositiveIntegerField(default=0)
+    last_retrieved_at = models.DateTimeField(null=True, blank=True)
+    training_count = models.PositiveIntegerField(default=0)
+    last_trained_step = models.IntegerField(null=True, blank=True)
+    guided_successes = models.PositiveIntegerField(default=0)
+    guided_failures = models.PositiveIntegerField(default=0)
+    # curation
+    pinned = models.BooleanField(default=False, help_text="Pinned entries are never merged away or evicted.")
+    deleted_at = models.DateTimeField(null=True, blank=True, help_text="Soft deletion: kept for undo.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ExperienceQuerySet.as_manager()
 
     class Meta:
         indexes = [
@@ -26,8 +77,121 @@ class Experience(models.Model):
                 m=16,
                 ef_construction=64,
                 opclasses=["vector_cosine_ops"],
-            )
+            ),
+            models.Index(fields=["run", "scope", "deleted_at"], name="experience_bank_idx"),
+            GinIndex(search_document(), name="experience_fts"),
         ]
 
     def __str__(self) -> str:
         return self.title
+
+    @property
+    def is_deleted(self) -> bool:
+        return self.deleted_at is not None
+
+    @property
+    def guided_total(self) -> int:
+        return self.guided_successes + self.guided_failures
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.guided_successes / self.guided_total if self.guided_total else None
+
+
+class Merge(models.Model):
+    """One chunk of a periodic merge: what the merge function saw, what it answered, what was applied."""
+
+    class Decision(models.TextChoices):
+        KEEP = "keep", "kept everything"
+        CHANGED = "changed", "merged, rewrote or discarded entries"
+        UNPARSEABLE = "unparseable", "unparseable output: originals kept"
+        STALE = "stale", "entries changed meanwhile: originals kept"
+
+    run = models.ForeignKey("webapp.Run", on_delete=models.CASCADE, related_name="merges", null=True)
+    scope = models.CharField(max_length=100)
+    step = models.IntegerField(default=0)
+    chunk = models.PositiveIntegerField(
+        default=0, help_text="Position of the chunk in its pass over the bank."
+    )
+    inputs = models.JSONField(default=list, help_text="Snapshots of the chunk's entries, carried ones first.")
+    actions = models.JSONField(default=list, help_text="The parsed plan as applied (after pin protection).")
+    outputs = models.JSONField(default=list, help_text="Ids of the entries created or rewritten.")
+    carried = models.JSONField(default=list, help_text="Ids carried into the next chunk.")
+    decision = models.CharField(max_length=16, choices=Decision.choices)
+    raw_output = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    undone_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"merge #{self.pk} ({self.scope}, step {self.step}): {self.decision}"
+
+
+class ExperienceChange(models.Model):
+    """One change of one entry, with snapshots before and after, so it can be inspected and undone."""
+
+    class Kind(models.TextChoices):
+        ADD = "add"
+        UPDATE = "update"
+        DELETE = "delete"
+        PIN = "pin"
+        UNPIN = "unpin"
+        MERGE_ADD = "merge_add", "created by a merge"
+        MERGE_REWRITE = "merge_rewrite", "rewritten by a merge"
+        MERGE_REMOVE = "merge_remove", "removed by a merge"
+        EVICT = "evict", "evicted (capacity)"
+        IMPORT = "import"
+        UNDO = "undo"
+
+    class Actor(models.TextChoices):
+        EXTRACTOR = "extractor"
+        MERGE = "merge"
+        PERSON = "person"
+        IMPORT = "import"
+        SYSTEM = "system"
+
+    experience = models.ForeignKey(Experience, on_delete=models.CASCADE, related_name="changes")
+    run = models.ForeignKey(
+        "webapp.Run", on_delete=models.CASCADE, related_name="experience_changes", null=True
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    actor = models.CharField(max_length=16, choices=Actor.choices)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    merge = models.ForeignKey(Merge, on_delete=models.CASCADE, null=True, blank=True, related_name="changes")
+    step = models.IntegerField(default=0)
+    before = models.JSONField(null=True, blank=True, help_text="Snapshot before the change (None: created).")
+    after = models.JSONField(default=dict)
+    undone_by = models.OneToOneField(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="undoes"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["experience", "-id"], name="experience_change_entry_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of #{self.experience_id} by {self.actor}"
+
+
+class SearchAsk(GenerationFields):
+    """One Search-and-Ask exchange: the actor's query, the entry found, the extractor's refined text."""
+
+    run = models.ForeignKey("webapp.Run", on_delete=models.CASCADE, related_name="search_asks", null=True)
+    scope = models.CharField(max_length=100)
+    query = models.TextField()
+    experience = models.ForeignKey(Experience, on_delete=models.SET_NULL, null=True, blank=True)
+    similarity = models.FloatField(null=True, blank=True)
+    refined = models.TextField()
+    episode_id = models.CharField(max_length=200, blank=True, db_index=True)
+    step = models.IntegerField(default=0)
+    success = models.BooleanField(null=True, blank=True, help_text="Outcome of the episode, once known.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"search-and-ask #{self.pk}: {self.query[:40]}"

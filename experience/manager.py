@@ -1,0 +1,450 @@
+"""ExperienceManager: one per run, shared by all rollout workers (``trainer.store.ExperienceStore``).
+
+Reads: callers' queries go to a micro-batcher thread that waits for ``batch_size`` queries or
+``max_wait_s`` (16, 1 ms), embeds the cache misses in one forward pass, folds identical queries into one
+search, and hands the searches to ``workers`` threads (4), each with its own database connection. A search
+takes the read side of a writer-priority reader–writer lock, fetches ``oversample`` × k candidates by
+cosine distance through the HNSW index, re-ranks them (``experience.retrieval``), and counts the
+retrievals with single-row F() updates, outside the writer lock.
+
+Writes (operations, merges, undo, import, people's edits through ``write_access``) take the writer side
+and go through ``experience.bank``, which makes each one atomic and records it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO
+
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+from pgvector import Vector
+
+from experience import bank, retrieval, transfer
+from experience.embedding import Embedder, default_embedder
+from experience.locks import RWLock
+from experience.models import Experience, ExperienceChange, SearchAsk
+from trainer.store import (
+    Add,
+    Delete,
+    Entry,
+    Generation,
+    GuidedOutcome,
+    MergeFn,
+    MergeReport,
+    Op,
+    OpResult,
+    RefineFn,
+    Return,
+    SearchAskResult,
+    Update,
+)
+
+log = logging.getLogger(__name__)
+Kind = ExperienceChange.Kind
+
+_SEARCH_SQL = f"""
+SELECT id, scope, title, content, version, pinned, retrieval_count, last_retrieved_at, training_count,
+       last_trained_step, guided_successes, guided_failures, created_step, updated_step,
+       1 - (embedding <=> %(q)s::vector) AS similarity
+FROM {Experience._meta.db_table}
+WHERE run_id = %(run)s AND scope = %(scope)s AND deleted_at IS NULL
+ORDER BY (embedding <=> %(q)s::vector){{exact}}
+LIMIT %(n)s
+"""
+# "+ 0" hides the ORDER BY from the HNSW index: an exact scan, used when the index's filtered result is short.
+SEARCH_HNSW = _SEARCH_SQL.format(exact="")
+SEARCH_EXACT = _SEARCH_SQL.format(exact=" + 0")
+
+
+@dataclass
+class _Request:
+    text: str
+    scope: str
+    k: int
+    future: Future
+
+
+@dataclass
+class RetrievalStats:
+    queries: int = 0
+    batches: int = 0
+    searches: int = 0
+    """SQL searches run (identical queries in one batch share one)."""
+    exact_fallbacks: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.queries / self.batches if self.batches else 0.0
+
+
+_live: dict[int, ExperienceManager] = {}
+_live_lock = threading.Lock()
+
+
+def live_manager(run_id: int | None) -> ExperienceManager | None:
+    """The manager serving this run in this process, if any."""
+    with _live_lock:
+        return _live.get(run_id) if run_id is not None else None
+
+
+@contextmanager
+def write_access(run_id: int | None) -> Iterator[ExperienceManager | None]:
+    """The writer side of the run's live manager (if one runs here) around a write from outside it.
+
+    Writers in other processes are serialised by ``bank.lock_bank``'s advisory lock in any case.
+    """
+    manager = live_manager(run_id)
+    if manager is None:
+        yield None
+        return
+    with manager.rw.write():
+        yield manager
+
+
+class ExperienceManager:
+    """The experience bank of one run (see the module docstring). Use as a context manager, or ``close()``."""
+
+    def __init__(
+        self,
+        run_id: int,
+        *,
+        embedder: Embedder | None = None,
+        batch_size: int = 16,
+        max_wait_s: float = 0.001,
+        workers: int = 4,
+        oversample: int = retrieval.OVERSAMPLE,
+        lam: float = retrieval.LAMBDA,
+        recency_window_s: float = retrieval.RECENCY_WINDOW_S,
+        diversify: bool = True,
+        ef_search: int = 64,
+        capacity: int = 20_000,
+        merge_chunk: int = 5,
+    ):
+        if batch_size < 1 or workers < 1 or merge_chunk < 2:
+            raise ValueError("batch_size and workers must be ≥ 1, merge_chunk ≥ 2")
+        self.run_id = run_id
+        self.embedder = embedder or default_embedder()
+        self.batch_size, self.max_wait_s, self.n_workers = batch_size, max_wait_s, workers
+        self.oversample, self.lam, self.recency_window_s = oversample, lam, recency_window_s
+        self.diversify, self.ef_search = diversify, ef_search
+        self.capacity, self.merge_chunk = capacity, merge_chunk
+        self.rw = RWLock()
+        self.stats = RetrievalStats()
+        self._stats_lock = threading.Lock()
+        self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._session = threading.local()
+        self._closed = False
+        with _live_lock:
+            if run_id in _live:
+                raise RuntimeError(f"run {run_id} already has a live ExperienceManager in this process")
+            _live[run_id] = self
+        self._threads = [threading.Thread(target=self._batch_loop, name=f"exp-batch-{run_id}", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._search_loop, name=f"exp-search-{run_id}-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def __enter__(self) -> ExperienceManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Finish queued searches, stop the threads (closing their connections), leave the registry."""
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.put(None)
+        self._threads[0].join()
+        for _ in range(self.n_workers):
+            self._work.put(None)
+        for t in self._threads[1:]:
+            t.join()
+        with _live_lock:
+            _live.pop(self.run_id, None)
+
+    # ---- retrieval -----------------------------------------------------------------------------------
+
+    def submit(self, query: str, scope: str, k: int = 1) -> Future:
+        """Queue one query; the future resolves to its top-k entries (a list, best first)."""
+        if self._closed:
+            raise RuntimeError("this ExperienceManager is closed")
+        request = _Request(query, scope, k, Future())
+        self._requests.put(request)
+        return request.future
+
+    def retrieve(self, queries: Sequence[str], scope: str, k: int = 1) -> list[list[Entry]]:
+        futures = [self.submit(q, scope, k) for q in queries]
+        return [f.result() for f in futures]
+
+    def _batch_loop(self) -> None:
+        stop = False
+        while not stop:
+            first = self._requests.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = time.monotonic() + self.max_wait_s
+            while len(batch) < self.batch_size:
+                try:
+                    item = self._requests.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._dispatch(batch)
+
+    def _dispatch(self, batch: list[_Request]) -> None:
+        groups: dict[tuple[str, str, int], list[_Request]] = defaultdict(list)
+        for r in batch:
+            groups[(r.text, r.scope, r.k)].append(r)
+        texts = list(dict.fromkeys(r.text for r in batch))
+        try:
+            vectors = dict(zip(texts, self.embedder.embed(texts), strict=True))
+        except Exception as exc:  # noqa: BLE001 - handed to every waiting caller
+            for r in batch:
+                r.future.set_exception(exc)
+            return
+        with self._stats_lock:
+            self.stats.queries += len(batch)
+            self.stats.batches += 1
+            self.stats.searches += len(groups)
+        for (text, scope, k), requests in groups.items():
+            self._work.put((vectors[text], scope, k, requests))
+
+    def _search_loop(self) -> None:
+        try:
+            while (item := self._work.get()) is not None:
+                vector, scope, k, requests = item
+                try:
+                    entries = self.search_vector(vector, scope, k, count=len(requests))
+                except Exception as exc:  # noqa: BLE001 - handed to the callers
+                    for r in requests:
+                        r.future.set_exception(exc)
+                    continue
+                for r in requests:
+                    r.future.set_result(entries)
+        finally:
+            connection.close()
+
+    def _ensure_session(self) -> None:
+        """Per-connection settings, set again whenever Django has opened a new connection."""
+        connection.ensure_connection()
+        if getattr(self._session, "raw", None) is not connection.connection:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET hnsw.ef_search = {int(self.ef_search)}")
+            self._session.raw = connection.connection
+
+    def search_vector(self, vector, scope: str, k: int = 1, *, count: int = 1) -> list[Entry]:
+        """Top-k diversified entries for one embedded query, counted ``count`` times as retrieved."""
+        n = k * self.oversample if self.diversify else k
+        params = {"q": Vector._to_db(vector), "run": self.run_id, "scope": scope, "n": n}
+        with self.rw.read():
+            self._ensure_session()
+            with connection.cursor() as cursor:
+                cursor.execute(SEARCH_HNSW, params)
+                rows = cursor.fetchall()
+                if len(rows) < n:  # the filtered HNSW result ran short (small or mixed bank): scan exactly
+                    cursor.execute(SEARCH_EXACT, params)
+                    rows = cursor.fetchall()
+                    with self._stats_lock:
+                        self.stats.exact_fallbacks += 1
+        now = timezone.now()
+        candidates = [retrieval.Candidate(r[0], r[14], r[6], r[7]) for r in rows]
+        chosen = retrieval.rerank(
+            candidates, k, now, diversify=self.diversify, lam=self.lam, window_s=self.recency_window_s
+        )
+        by_id = {r[0]: r for r in rows}
+        entries = [_row_entry(by_id[c.id], c.score) for c in chosen]
+        self._count_retrievals([e.id for e in entries], count, now)
+        return entries
+
+    def _count_retrievals(self, ids: list[int], count: int, now) -> None:
+        # One row per statement, in id order: no two counter updates can ever deadlock each other or a merge.
+        for entry_id in sorted(ids):
+            Experience.objects.filter(pk=entry_id).update(
+                retrieval_count=F("retrieval_count") + count, last_retrieved_at=now
+            )
+
+    # ---- operations ----------------------------------------------------------------------------------
+
+    def apply(self, ops: Sequence[Op], *, step: int) -> list[OpResult]:
+        """Apply extractor operations in order; each is atomic and recorded. Pinned entries refuse them."""
+        texts = [bank.entry_text(op.title, op.content) for op in ops if isinstance(op, Add | Update)]
+        vectors = dict(zip(texts, self.embedder.embed(texts), strict=True))
+        results = []
+        for op in ops:
+            if isinstance(op, Return):
+                results.append(OpResult(op))
+                continue
+            try:
+                with self.rw.write():
+                    entry_id = self._apply_one(op, vectors, step)
+                results.append(OpResult(op, entry_id))
+            except bank.BankError as exc:
+                results.append(OpResult(op, error=str(exc)))
+        return results
+
+    def _apply_one(self, op: Op, vectors: dict, step: int) -> int:
+        model = self.embedder.model_id
+        if isinstance(op, Add):
+            vector = vectors[bank.entry_text(op.title, op.content)]
+            e = bank.add(
+                self.run_id, op.scope, op.title, op.content, vector, embedding_model=model, step=step,
+                generation=op.generation, source_episode=op.source_episode, capacity=self.capacity,
+            )  # fmt: skip
+            return e.pk
+        if self._is_pinned(op.entry_id):
+            raise bank.BankError(f"experience #{op.entry_id} is pinned: only a person can change it")
+        if isinstance(op, Update):
+            vector = vectors[bank.entry_text(op.title, op.content)]
+            e = bank.update(
+                op.entry_id, op.title, op.content, vector, run_id=self.run_id, embedding_model=model,
+                step=step, generation=op.generation, source_episode=op.source_episode or None,
+            )  # fmt: skip
+            return e.pk
+        if isinstance(op, Delete):
+            return bank.delete(op.entry_id, run_id=self.run_id, step=step).pk
+        raise TypeError(f"not an experience operation: {op!r}")
+
+    @staticmethod
+    def _is_pinned(entry_id: int) -> bool:
+        return Experience.objects.filter(pk=entry_id, pinned=True).exists()
+
+    # ---- merge ---------------------------------------------------------------------------------------
+
+    def merge(self, scope: str, merge_fn: MergeFn, *, step: int) -> MergeReport:
+        """One pass over the scope's bank in chunks of ``merge_chunk``, oldest first.
+
+        A chunk's merged or rewritten entries are carried into the next chunk (up to chunk − 1 of them),
+        so the window slides over the whole bank with bounded context. ``merge_fn`` runs without any lock
+        (it is an LLM call); its plan is applied under the writer lock, atomically, only if no entry of
+        the chunk changed meanwhile.
+        """
+        ids = list(Experience.objects.in_bank(self.run_id, scope).order_by("id").values_list("id", flat=True))
+        report = MergeReport(scope=scope)
+        carried: list[int] = []
+        pos = chunk_index = 0
+        while pos < len(ids):
+            take = self.merge_chunk - len(carried)
+            chunk = self.entries(carried + ids[pos : pos + take])
+            pos += take
+            if not chunk:
+                continue
+            plan = merge_fn(chunk)
+            texts = {(a.title, a.content) for a in plan.actions or () if a.kind in ("rewrite", "merge")}
+            embedded = self.embedder.embed([bank.entry_text(*t) for t in texts])
+            vectors = dict(zip(texts, embedded, strict=True))
+            with self.rw.write():
+                record, carried = bank.apply_merge_plan(
+                    self.run_id, scope, chunk, plan, vectors, embedding_model=self.embedder.model_id,
+                    step=step, chunk_index=chunk_index, carry_max=self.merge_chunk - 1,
+                )  # fmt: skip
+            chunk_index += 1
+            kinds = [c.kind for c in record.changes.all()]
+            report.chunks += 1
+            report.merge_ids.append(record.pk)
+            report.removed += kinds.count(Kind.MERGE_REMOVE)
+            report.created += kinds.count(Kind.MERGE_ADD)
+            report.rewritten += kinds.count(Kind.MERGE_REWRITE)
+            report.unparseable += record.decision == record.Decision.UNPARSEABLE
+            report.stale += record.decision == record.Decision.STALE
+        return report
+
+    # ---- Search-and-Ask, outcomes, training counters -------------------------------------------------
+
+    def search_and_ask(
+        self, query: str, scope: str, refine: RefineFn, *, episode_id: str = "", step: int = 0
+    ) -> SearchAskResult:
+        """Retrieve the best entry for the actor's query and let ``refine`` adapt it; recorded."""
+        found = self.retrieve([query], scope, k=1)[0]
+        entry = found[0] if found else None
+        refinement = refine(query, entry)
+        g = refinement.generation or Generation()
+        exchange = SearchAsk.objects.create(
+            run_id=self.run_id, scope=scope, query=query, experience_id=entry.id if entry else None,
+            similarity=entry.similarity if entry else None, refined=refinement.text, episode_id=episode_id,
+            step=step, generation_prompt=g.prompt, generation_response=g.response,
+            generation_token_ids=list(g.token_ids), generation_logprobs=list(g.logprobs),
+            generation_weight_version=g.weight_version,
+        )  # fmt: skip
+        return SearchAskResult(exchange.pk, entry, refinement.text)
+
+    def record_outcomes(self, outcomes: Sequence[GuidedOutcome]) -> None:
+        tally: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for o in outcomes:
+            if o.entry_id is not None:
+                tally[o.entry_id][0 if o.success else 1] += 1
+        for entry_id in sorted(tally):
+            wins, losses = tally[entry_id]
+            Experience.objects.filter(pk=entry_id).update(
+                guided_successes=F("guided_successes") + wins, guided_failures=F("guided_failures") + losses
+            )
+        for o in outcomes:
+            if o.episode_id:
+                SearchAsk.objects.filter(run_id=self.run_id, episode_id=o.episode_id).update(
+                    success=o.success
+                )
+
+    def record_training(self, entry_ids: Sequence[int], *, step: int) -> None:
+        for entry_id in sorted(set(entry_ids)):
+            Experience.objects.filter(pk=entry_id).update(
+                training_count=F("training_count") + 1, last_trained_step=step
+            )
+
+    # ---- reads for the trainer and the dashboard -----------------------------------------------------
+
+    def entries(self, ids: Sequence[int]) -> list[Entry]:
+        """Live entries by id, in the order given (deleted or unknown ids are left out)."""
+        rows = {
+            e.pk: e for e in Experience.objects.in_bank(self.run_id).filter(pk__in=ids).defer("embedding")
+        }
+        return [bank.to_entry(rows[i]) for i in ids if i in rows]
+
+    def generations(self, entry_ids: Sequence[int]) -> dict[int, Generation]:
+        rows = Experience.objects.filter(run_id=self.run_id, pk__in=entry_ids).only(*bank.GENERATION_FIELDS)
+        return {e.pk: bank.generation_of(e) for e in rows}
+
+    def size(self, scope: str | None = None) -> int:
+        return Experience.objects.in_bank(self.run_id, scope).count()
+
+    # ---- undo, export, import ------------------------------------------------------------------------
+
+    def undo(self, change_id: int, *, user=None) -> ExperienceChange:
+        with self.rw.write():
+            return bank.undo_change(change_id, self.embedder, user=user)
+
+    def undo_merge(self, merge_id: int, *, user=None) -> list[ExperienceChange]:
+        with self.rw.write():
+            return bank.undo_merge(merge_id, self.embedder, user=user)
+
+    def export_jsonl(self, out: IO[str], *, scope: str | None = None) -> int:
+        return transfer.export_jsonl(self.run_id, out, scope=scope)
+
+    def import_jsonl(self, lines: IO[str], *, user=None) -> int:
+        with self.rw.write():
+            return transfer.import_jsonl(self.run_id, lines, self.embedder, user=user, capacity=self.capacity)
+
+
+def _row_entry(r: tuple, score: float | None) -> Entry:
+    return Entry(
+        id=r[0], scope=r[1], title=r[2], content=r[3], version=r[4], pinned=r[5], retrieval_count=r[6],
+        training_count=r[8], last_trained_step=r[9], guided_successes=r[10], guided_failures=r[11],
+        created_step=r[12], updated_step=r[13], similarity=r[14], score=score,
+    )  # fmt: skip

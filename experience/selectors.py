@@ -1,0 +1,102 @@
+"""Reads of experience banks for the dashboard and commands: search, filters, prune previews, history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.db.models import F, Q, QuerySet
+from pgvector.django import CosineDistance
+
+from experience.embedding import Embedder, default_embedder
+from experience.models import FTS_CONFIG, Experience, ExperienceChange, Merge, search_document
+
+
+def experience_list(
+    run,
+    *,
+    scope: str | None = None,
+    pinned: bool | None = None,
+    min_retrievals: int | None = None,
+    max_retrievals: int | None = None,
+    include_deleted: bool = False,
+) -> QuerySet[Experience]:
+    """A run's entries, newest first, filtered by scope, pin and usage."""
+    qs = Experience.objects.filter(run=run) if include_deleted else Experience.objects.in_bank(run.pk)
+    if scope is not None:
+        qs = qs.filter(scope=scope)
+    if pinned is not None:
+        qs = qs.filter(pinned=pinned)
+    if min_retrievals is not None:
+        qs = qs.filter(retrieval_count__gte=min_retrievals)
+    if max_retrievals is not None:
+        qs = qs.filter(retrieval_count__lte=max_retrievals)
+    return qs.defer("embedding").order_by("-id")
+
+
+def experience_scopes(run) -> list[str]:
+    return list(
+        Experience.objects.in_bank(run.pk).order_by("scope").values_list("scope", flat=True).distinct()
+    )
+
+
+def experience_semantic_search(
+    run, text: str, *, scope: str | None = None, limit: int = 20, embedder: Embedder | None = None
+) -> QuerySet[Experience]:
+    """Entries closest in meaning to ``text`` (annotated with ``similarity``); counts no retrieval."""
+    vector = (embedder or default_embedder()).embed_one(text)
+    qs = Experience.objects.in_bank(run.pk, scope).annotate(distance=CosineDistance("embedding", vector))
+    return qs.annotate(similarity=1 - F("distance")).defer("embedding").order_by("distance")[:limit]
+
+
+def experience_text_search(
+    run, text: str, *, scope: str | None = None, limit: int = 20
+) -> QuerySet[Experience]:
+    """Full-text search over title and content (web-search syntax), best ``rank`` first."""
+    query = SearchQuery(text, config=FTS_CONFIG, search_type="websearch")
+    qs = Experience.objects.in_bank(run.pk, scope).annotate(document=search_document())
+    qs = qs.filter(document=query).annotate(rank=SearchRank(search_document(), query))
+    return qs.defer("embedding").order_by("-rank", "-id")[:limit]
+
+
+@dataclass(frozen=True)
+class PruneRule:
+    """Which entries a bulk prune removes: those matching ANY of the set criteria. Pinned ones never."""
+
+    never_retrieved: bool = False
+    """Entries no rollout ever retrieved."""
+    success_rate_below: float | None = None
+    """Entries whose guided success rate is below this..."""
+    min_guided: int = 1
+    """...over at least this many guided episodes."""
+    older_than_step: int | None = None
+    """Entries last changed before this training step."""
+    scope: str | None = None
+    """Limit the prune to one scope."""
+
+    def condition(self) -> Q:
+        q = Q(pk__in=[])  # matches nothing: an empty rule prunes nothing
+        if self.never_retrieved:
+            q |= Q(retrieval_count=0)
+        if self.success_rate_below is not None:
+            total = F("guided_successes") + F("guided_failures")
+            q |= Q(guided_total__gte=self.min_guided, guided_successes__lt=self.success_rate_below * total)
+        if self.older_than_step is not None:
+            q |= Q(updated_step__lt=self.older_than_step)
+        return q
+
+
+def experience_prune_preview(run, rule: PruneRule) -> QuerySet[Experience]:
+    """What ``experience_prune(run, rule)`` would delete."""
+    qs = Experience.objects.in_bank(run.pk, rule.scope).filter(pinned=False)
+    qs = qs.annotate(guided_total=F("guided_successes") + F("guided_failures"))
+    return qs.filter(rule.condition()).defer("embedding").order_by("id")
+
+
+def experience_history(entry: Experience) -> QuerySet[ExperienceChange]:
+    return entry.changes.select_related("user", "merge").order_by("-id")
+
+
+def merge_list(run, *, scope: str | None = None) -> QuerySet[Merge]:
+    qs = Merge.objects.filter(run=run)
+    return qs if scope is None else qs.filter(scope=scope)

@@ -1,0 +1,86 @@
+"""Writes to an experience bank from people and commands (the dashboard, ``manage.py``).
+
+Each goes through ``experience.bank`` (atomic, recorded with the person who did it) under the run's
+writer lock when a manager serves that run in this process (``write_access``), so a person's edit never
+interleaves with the extractor's operations or a merge.
+"""
+
+from __future__ import annotations
+
+from typing import IO
+
+from experience import bank, transfer
+from experience.embedding import Embedder, default_embedder
+from experience.manager import live_manager, write_access
+from experience.models import Experience, ExperienceChange, Merge
+from experience.selectors import PruneRule, experience_prune_preview
+
+Actor = ExperienceChange.Actor
+
+
+def _embedder(run_id: int | None) -> Embedder:
+    manager = live_manager(run_id)
+    return manager.embedder if manager else default_embedder()
+
+
+def experience_add(run, scope: str, title: str, content: str, *, user=None, step: int = 0) -> Experience:
+    embedder = _embedder(run.pk)
+    vector = embedder.embed_one(bank.entry_text(title, content))
+    with write_access(run.pk) as manager:
+        capacity = manager.capacity if manager else None
+        return bank.add(
+            run.pk, scope, title, content, vector, embedding_model=embedder.model_id, step=step,
+            actor=Actor.PERSON, user=user, capacity=capacity,
+        )  # fmt: skip
+
+
+def experience_edit(entry: Experience, title: str, content: str, *, user=None) -> Experience:
+    embedder = _embedder(entry.run_id)
+    vector = embedder.embed_one(bank.entry_text(title, content))
+    with write_access(entry.run_id):
+        return bank.update(
+            entry.pk, title, content, vector, embedding_model=embedder.model_id, step=entry.updated_step,
+            actor=Actor.PERSON, user=user,
+        )  # fmt: skip
+
+
+def experience_pin(entry: Experience, pinned: bool = True, *, user=None) -> Experience:
+    with write_access(entry.run_id):
+        return bank.set_pinned(entry.pk, pinned, user=user)
+
+
+def experience_delete(entry: Experience, *, user=None) -> Experience:
+    with write_access(entry.run_id):
+        return bank.delete(entry.pk, actor=Actor.PERSON, user=user)
+
+
+def experience_prune(run, rule: PruneRule, *, user=None) -> int:
+    """Delete what ``experience_prune_preview(run, rule)`` lists (pinned entries never); returns how many."""
+    with write_access(run.pk):
+        ids = list(experience_prune_preview(run, rule).values_list("id", flat=True))
+        for entry_id in ids:
+            bank.delete(entry_id, actor=Actor.PERSON, user=user)
+    return len(ids)
+
+
+def experience_undo(change: ExperienceChange, *, user=None) -> ExperienceChange:
+    """Revert one change (of a merge: the whole merge); the entry must not have changed since."""
+    with write_access(change.run_id):
+        if change.merge_id is not None:
+            return bank.undo_merge(change.merge_id, _embedder(change.run_id), user=user)[-1]
+        return bank.undo_change(change.pk, _embedder(change.run_id), user=user)
+
+
+def merge_undo(merge: Merge, *, user=None) -> list[ExperienceChange]:
+    with write_access(merge.run_id):
+        return bank.undo_merge(merge.pk, _embedder(merge.run_id), user=user)
+
+
+def experience_export(run, out: IO[str], *, scope: str | None = None) -> int:
+    return transfer.export_jsonl(run.pk, out, scope=scope)
+
+
+def experience_import(run, lines: IO[str], *, user=None) -> int:
+    with write_access(run.pk) as manager:
+        capacity = manager.capacity if manager else None
+        return transfer.import_jsonl(run.pk, lines, _embedder(run.pk), user=user, capacity=capacity)
