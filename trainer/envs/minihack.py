@@ -140,6 +140,7 @@ class MiniHackEnv(TextEnv):
         self._level_seed = 0
         self._first_message = ""
         self._static: dict[tuple[int, int], str] | None = None  # the full level, from the shadow
+        self._under_monsters: set[tuple[int, int]] = set()  # cells the shadow saw only a monster on
         self._blocked: dict[tuple[tuple[int, int], str], int] = {}  # moves that failed, until turn N
         self._last_move: tuple[tuple[int, int], str, bool] | None = None
 
@@ -159,7 +160,7 @@ class MiniHackEnv(TextEnv):
         return TRAIN_SEEDS[seed % len(TRAIN_SEEDS)]
 
     # ---- NLE -----------------------------------------------------------------------------
-    def _make_nle(self, **kwargs: Any) -> Any:
+    def _make_nle(self) -> Any:
         try:
             import gymnasium as gym
             import minihack  # noqa: F401  (registers the MiniHack gym ids)
@@ -173,7 +174,6 @@ class MiniHackEnv(TextEnv):
             observation_keys=OBS_KEYS,
             max_episode_steps=self.max_turns + 50,
             disable_env_checker=True,
-            **kwargs,
         ).unwrapped
 
     @staticmethod
@@ -206,7 +206,7 @@ class MiniHackEnv(TextEnv):
         self._obs = self._seed(self._nle, level_seed)
         self._first_message = _text(self._obs["message"])
         self._static = None
-        self._under_monsters: set[tuple[int, int]] = set()
+        self._under_monsters = set()
         self._blocked = {}
         self._last_move = None
 

@@ -182,3 +182,16 @@ def test_the_expert_map_matches_the_real_level(envs):
         (sy,), (sx,) = np.nonzero(env._obs["chars"] == ord(">"))
         level = env._reveal_level()
         assert [p for p, d in level.items() if "staircase down" in d] == [(int(sx), int(sy))]
+
+
+def test_train_keyrooms_without_a_key_are_skipped(envs):
+    """About 13% of MiniHack's KeyRoom-Dark-S5 levels have no key; reset moves past them."""
+    env = envs("MiniHack-KeyRoom-Dark-S5", "train")
+    keyless = []
+    for seed in range(40):
+        env._start(seed)
+        if not env.solvable():
+            keyless.append(seed)
+    assert keyless, "expected some keyless levels among 40"
+    env.reset(keyless[0])
+    assert env.solvable() and env._level_seed > keyless[0]
