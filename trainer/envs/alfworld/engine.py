@@ -84,7 +84,7 @@ class Engine:
             self.game_file = None
             try:
                 self._env.load(game_file)
-            except KeyError as exc:  # the planner's translator fails on problems it cannot ground
+            except (KeyError, SystemExit) as exc:  # the translator fails on problems it cannot ground
                 raise GameNotSolvable(f"{game_file}: the PDDL problem does not ground ({exc!r})") from exc
             self.game_file = game_file
 

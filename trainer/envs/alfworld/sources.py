@@ -75,6 +75,7 @@ def solve_generated(
             game["solvable"], game["walkthrough"] = True, plan
             game["meta"]["generation_s"] = round(time.perf_counter() - start, 3)
             return game, path
+        path.unlink()
     return None
 
 
@@ -133,14 +134,15 @@ class OfficialGames:
 
     def __init__(self, root: Path, split: str) -> None:
         folder = root / "json_2.1.1" / OFFICIAL_SPLITS[split]
-        self.files = [p for p in sorted(folder.rglob("game.tw-pddl")) if self._playable(p)]
+        self.files = [p for p in sorted(folder.rglob("game.tw-pddl")) if self._playable(p, folder)]
         if not self.files:
             raise FileNotFoundError(f"no solvable ALFWorld game.tw-pddl files under {folder}")
         self.root = root
 
     @staticmethod
-    def _playable(path: Path) -> bool:
-        if "movable" in str(path) or "Sliced" in str(path):  # as ALFWorld's own loader skips them
+    def _playable(path: Path, folder: Path) -> bool:
+        rel = str(path.relative_to(folder))
+        if "movable" in rel or "Sliced" in rel:  # as ALFWorld's own loader skips them
             return False
         return bool(json.loads(path.read_text()).get("solvable"))
 
