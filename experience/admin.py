@@ -4,7 +4,7 @@ from experience.models import Experience, ExperienceChange, Merge, SearchAsk
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Inspection only: changes to a bank go through ``experience.services`` (embedded, recorded, undoable)."""
+    """Inspection only: changes go through ``experience.services`` (embedded, recorded, undoable)."""
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False

@@ -80,7 +80,7 @@ class PruneRule:
             q |= Q(retrieval_count=0)
         if self.success_rate_below is not None:
             total = F("guided_successes") + F("guided_failures")
-            q |= Q(guided_total__gte=self.min_guided, guided_successes__lt=self.success_rate_below * total)
+            q |= Q(guided_episodes__gte=self.min_guided, guided_successes__lt=self.success_rate_below * total)
         if self.older_than_step is not None:
             q |= Q(updated_step__lt=self.older_than_step)
         return q
@@ -89,7 +89,7 @@ class PruneRule:
 def experience_prune_preview(run, rule: PruneRule) -> QuerySet[Experience]:
     """What ``experience_prune(run, rule)`` would delete."""
     qs = Experience.objects.in_bank(run.pk, rule.scope).filter(pinned=False)
-    qs = qs.annotate(guided_total=F("guided_successes") + F("guided_failures"))
+    qs = qs.annotate(guided_episodes=F("guided_successes") + F("guided_failures"))
     return qs.filter(rule.condition()).defer("embedding").order_by("id")
 
 

@@ -51,7 +51,9 @@ SEARCH = Add(
     "Search with the required attributes",
     "Put colour, size and the price limit into the search query; open items whose title matches them.",
 )
-HEAT_QUERY = "goal: heat some mug and put it in coffeemachine, observation: you are in the middle of a kitchen"
+HEAT_QUERY = (
+    "goal: heat some mug and put it in coffeemachine, observation: you are in the middle of a kitchen"
+)
 
 
 def add(manager: ExperienceManager, *ops: Add, step: int = 0) -> list[int]:
@@ -66,14 +68,18 @@ def test_it_implements_the_trainer_protocol(manager):
 
 def test_add_update_delete_and_return_are_applied_and_recorded(manager):
     generation = Generation("prompt", "<add>...</add>", (5, 6, 7), (-0.1, -0.2, -0.3), weight_version=3)
-    heat_id, cool_id = add(manager, HEAT, Add(COOL.scope, COOL.title, COOL.content, generation, "ep-7"), step=2)
+    heat_id, cool_id = add(
+        manager, HEAT, Add(COOL.scope, COOL.title, COOL.content, generation, "ep-7"), step=2
+    )
     assert manager.size() == 2 and manager.size("alfworld") == 2 and manager.size("webshop") == 0
     cool = Experience.objects.get(pk=cool_id)
     assert (cool.source_episode, cool.created_step, cool.version) == ("ep-7", 2, 1)
     assert manager.generations([cool_id]) == {cool_id: generation}
     assert cool.changes.get().kind == Kind.ADD and cool.changes.get().before is None
 
-    [result] = manager.apply([Update(heat_id, "Heat in the microwave", "Take X, heat X with microwave.")], step=4)
+    [result] = manager.apply(
+        [Update(heat_id, "Heat in the microwave", "Take X, heat X with microwave.")], step=4
+    )
     assert result.ok and result.entry_id == heat_id
     heat = Experience.objects.get(pk=heat_id)
     assert (heat.title, heat.version, heat.updated_step) == ("Heat in the microwave", 2, 4)
@@ -95,7 +101,9 @@ def test_add_update_delete_and_return_are_applied_and_recorded(manager):
 def test_refused_operations_change_nothing(manager, user):
     [heat_id] = add(manager, HEAT)
     other_run = Run.objects.create(name="other", owner=user)
-    foreign = Experience.objects.create(run=other_run, title="t", content="c", embedding=np.ones(384) / 384**0.5)
+    foreign = Experience.objects.create(
+        run=other_run, title="t", content="c", embedding=np.ones(384) / 384**0.5
+    )
     Experience.objects.filter(pk=heat_id).update(pinned=True)
     results = manager.apply(
         [Update(heat_id, "x", "y"), Delete(heat_id), Update(foreign.pk, "x", "y"), Delete(10**9)], step=1
@@ -158,9 +166,7 @@ def test_search_and_ask_refines_the_best_entry_and_is_credited(manager):
         steps = entry.content.replace("X", "the mug")
         return Refinement(f"For your task: {steps}", Generation("p", "r", (1,), (-0.5,), 2))
 
-    result = manager.search_and_ask(
-        "how do I heat the mug?", "alfworld", refine, episode_id="ep-1", step=3
-    )
+    result = manager.search_and_ask("how do I heat the mug?", "alfworld", refine, episode_id="ep-1", step=3)
     assert seen == [("how do I heat the mug?", heat_id)] and result.entry.id == heat_id
     assert result.text.startswith("For your task: To heat the mug: find the mug")
     exchange = SearchAsk.objects.get(pk=result.exchange_id)
@@ -200,14 +206,17 @@ def test_capacity_evicts_the_oldest_unpinned_entries(run, embedder):
 # ---- merge ---------------------------------------------------------------------------------------------
 
 LESSONS = [
-    Add("alfworld", f"Lesson {i}", f"Step {i}: check receptacle {i} before searching elsewhere.") for i in range(12)
+    Add("alfworld", f"Lesson {i}", f"Step {i}: check receptacle {i} before searching elsewhere.")
+    for i in range(12)
 ]
 
 
 def merge_all(chunk):
     """A merge function that fuses its whole chunk into one entry (a stand-in for the extractor)."""
     content = " ".join(e.content for e in chunk)
-    return MergePlan((MergeAction("merge", tuple(e.id for e in chunk), "Merged lessons", content),), raw="<merge/>")
+    return MergePlan(
+        (MergeAction("merge", tuple(e.id for e in chunk), "Merged lessons", content),), raw="<merge/>"
+    )
 
 
 def test_merge_carries_the_output_across_chunks_and_never_drops_a_pinned_entry(manager):
@@ -324,8 +333,8 @@ def test_undo_of_a_merge_restores_the_originals(manager):
 
 def test_jsonl_round_trip_is_lossless(manager, user, embedder):
     generation = Generation("extract lessons", "<add>Heat…</add>", (11, 12), (-0.25, -1.5), weight_version=9)
-    heat_id, _, door_id = add(manager, Add(HEAT.scope, HEAT.title, "Chauffer — 加熱 " + HEAT.content, generation, "ep-3"),
-                              COOL, DOOR, step=4)  # fmt: skip
+    unicode_heat = Add(HEAT.scope, HEAT.title, "Chauffer — 加熱 " + HEAT.content, generation, "ep-3")
+    heat_id, _, door_id = add(manager, unicode_heat, COOL, DOOR, step=4)
     manager.retrieve([HEAT_QUERY], "alfworld")
     manager.record_outcomes([GuidedOutcome("ep-9", True, heat_id)])
     manager.record_training([heat_id], step=6)
