@@ -1,14 +1,21 @@
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from webapp.events import run_group
-from webapp.selectors import run_visible
+from webapp.selectors import metric_rows_since, run_visible
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
-    """Streams a run's live events. Anonymous users and users who may not see the run are refused."""
+    """Streams a run's live events. Anonymous users and users who may not see the run are refused.
+
+    ``?since=<metric row id>`` (the cursor the page was rendered with) makes the socket first replay the rows
+    written after it, so a late subscriber misses nothing; it joins the group before reading them, so an
+    event may arrive twice (browsers drop steps they already have) but never not at all.
+    """
 
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -19,6 +26,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.group = run_group(self.run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        since = parse_qs(self.scope.get("query_string", b"").decode()).get("since", [""])[0]
+        if since.isdigit():
+            for event in await database_sync_to_async(metric_rows_since)(self.run_id, int(since)):
+                await self.send_json(event)
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):

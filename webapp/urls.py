@@ -2,10 +2,18 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from webapp import views
+from webapp import views, views_compare, views_inspect, views_runs
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("workers/", views.workers, name="workers"),
+    path("runs/launch/", views_runs.run_launch, name="run_launch"),
+    path("runs/<int:run_id>/", views_runs.run_detail, name="run_detail"),
+    path("runs/<int:run_id>/cancel/", views_runs.run_cancel_view, name="run_cancel"),
+    path("runs/<int:run_id>/resume/", views_runs.run_resume_view, name="run_resume"),
+    path("runs/<int:run_id>/episodes/", views_inspect.run_inspect, name="run_inspect"),
+    path("compare/", views_compare.compare, name="compare"),
+    path("compare/csv/", views_compare.compare_csv, name="compare_csv"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

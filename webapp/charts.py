@@ -1,0 +1,290 @@
+"""What the dashboard plots: which metric keys go on which panel, how long series are downsampled, how runs
+are grouped into mean ± band, and the numbers of the summary table. Pure functions over plain lists.
+
+Metric rows hold flat ``values`` dicts. Panels pick keys by prefix, so a new key lands on the right panel
+without touching this file (and any key no panel claims is still shown, under "Other"). The names the
+trainer's reporter is expected to write:
+
+- train rows: ``success``, ``success_guided``, ``success_free``, ``reward``, ``reward_guided``,
+  ``reward_free``, ``actor_loss``, ``actor_clip_frac``, ``extractor_loss``, ``extractor_clip_frac``,
+  ``bank_size``, ``ops_add``, ``ops_update``, ``ops_return``, ``parse_failures``,
+  ``retrieval_latency_ms``, ``time_rollout_s``, ``time_actor_update_s``, ``time_sync_s``, ...
+- eval rows: ``success_with``, ``success_without``, ``actions_with``, ``actions_without``, and per
+  environment of a mixture ``success_with/<env>``, ``success_without/<env>``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_POINTS = 1000
+"""Most points per series sent to a browser: long runs are averaged into this many step buckets."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    id: str
+    title: str
+    kind: str
+    """'train' or 'eval': which metric rows it plots."""
+    prefixes: tuple[str, ...]
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("success", "Success by subgroup (with / without experience)", "train", ("success",)),
+    Panel("reward", "Reward by subgroup", "train", ("reward",)),
+    Panel("eval-success", "Eval success with / without experience", "eval", ("success",)),
+    Panel("eval-actions", "Eval actions with / without experience", "eval", ("actions",)),
+    Panel("actor", "Actor loss and clip fraction", "train", ("actor_",)),
+    Panel("extractor", "Extractor loss and clip fraction", "train", ("extractor_",)),
+    Panel("bank", "Bank size", "train", ("bank_",)),
+    Panel("ops", "Operation mix", "train", ("ops_",)),
+    Panel("parse", "Parse failures", "train", ("parse_",)),
+    Panel("retrieval", "Retrieval latency", "train", ("retrieval_",)),
+    Panel("time", "Step time breakdown", "train", ("time_",)),
+)
+OTHER = {
+    "train": Panel("other", "Other metrics", "train", ()),
+    "eval": Panel("eval-other", "Other eval", "eval", ()),
+}
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """Every panel with its prefixes, catch-all panels last: browsers place keys that appear live with it."""
+    return [
+        {"id": p.id, "title": p.title, "kind": p.kind, "prefixes": list(p.prefixes)}
+        for p in (*PANELS, *OTHER.values())
+    ]
+
+
+def panel_of(kind: str, key: str) -> Panel:
+    for panel in PANELS:
+        if panel.kind == kind and key.startswith(panel.prefixes):
+            return panel
+    return OTHER[kind]
+
+
+def panels_for(keys: Mapping[str, Iterable[str]]) -> list[dict[str, Any]]:
+    """The panels to draw for the keys present per kind, in catalogue order: ``[{id, title, kind, keys}]``."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for kind, kind_keys in keys.items():
+        for key in sorted(kind_keys):
+            panel = panel_of(kind, key)
+            chosen.setdefault(panel.id, {"id": panel.id, "title": panel.title, "kind": kind, "keys": []})
+            chosen[panel.id]["keys"].append(key)
+    order = [p.id for p in PANELS] + ["other", "eval-other"]
+    return sorted(chosen.values(), key=lambda p: order.index(p["id"]))
+
+
+def bucket_size(max_step: int, max_points: int = MAX_POINTS) -> int:
+    """Steps per bucket so that steps 0..max_step give at most ``max_points`` buckets."""
+    return max(1, math.ceil((max_step + 1) / max_points))
+
+
+def lower_is_better(key: str) -> bool:
+    """Losses, times, latencies, failures and action counts: the best value is the smallest."""
+    name = key.split("/")[0]
+    return any(word in name for word in ("loss", "time", "latency", "failure", "actions"))
+
+
+def final_and_best(values: Sequence[float | None], key: str) -> tuple[float | None, float | None]:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, None
+    return present[-1], (min if lower_is_better(key) else max)(present)
+
+
+def ema(values: Sequence[float | None], weight: float) -> list[float | None]:
+    """TensorBoard-style exponential smoothing with debiasing; gaps stay gaps. Mirrors charts.js."""
+    out: list[float | None] = []
+    last, n = 0.0, 0
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight**n) if weight > 0 else v)
+    return out
+
+
+def mean_band(
+    series: Sequence[Mapping[int, float | None]],
+) -> tuple[list[int], list[float | None], list[float | None], list[float | None]]:
+    """Align runs by step: (steps, mean, mean - std, mean + std) over the runs present at each step."""
+    steps = sorted(set().union(*[s.keys() for s in series])) if series else []
+    mean, lo, hi = [], [], []
+    for step in steps:
+        xs = [s[step] for s in series if step in s and s[step] is not None]
+        if not xs:
+            mean.append(None), lo.append(None), hi.append(None)
+            continue
+        m = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+        mean.append(m), lo.append(m - sd), hi.append(m + sd)
+    return steps, mean, lo, hi
+
+
+def histogram(values: Sequence[float], bins: int = 10) -> list[dict[str, float]]:
+    """Equal-width bins over the values' range: ``[{lo, hi, count, frac}]`` (frac of the tallest bin)."""
+    if not values:
+        return []
+    low, high = min(values), max(values)
+    if low == high:
+        return [{"lo": low, "hi": high, "count": len(values), "frac": 1.0}]
+    width = (high - low) / bins
+    counts = [0] * bins
+    for v in values:
+        counts[min(int((v - low) / width), bins - 1)] += 1
+    top = max(counts)
+    return [
+        {"lo": low + i * width, "hi": low + (i + 1) * width, "count": c, "frac": c / top}
+        for i, c in enumerate(counts)
+    ]
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys: ``{"actor": {"lr": 1e-5}}`` -> ``{"actor.lr": 1e-5}``."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_diff(configs: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Any]]]:
+    """Dotted keys whose values differ between the configs, with each config's value (None if missing)."""
+    flat = [flatten(c) for c in configs]
+    keys = sorted(set().union(*[f.keys() for f in flat])) if flat else []
+    rows = []
+    for key in keys:
+        values = [f.get(key) for f in flat]
+        if any(v != values[0] for v in values[1:]):
+            rows.append((key, values))
+    return rows
+
+
+# ---- comparison ----------------------------------------------------------------------------------
+
+PALETTE = ("#2f6fed", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285", "#e67700", "#5c940d", "#364fc7")
+
+
+def colour(i: int) -> str:
+    """The i-th colour: runs (or groups) keep their colour on every panel of a comparison."""
+    return PALETTE[i % len(PALETTE)]
+
+
+@dataclass
+class Comparison:
+    runs: list[dict[str, Any]]
+    """``{id, name, method, env, seed, group, colour, series: {kind: {step, wall, values}}}``"""
+    groups: list[dict[str, Any]]
+    """``{label, colour, runs, series: {kind: {key: {step, wall, mean, lo, hi}}}}`` (empty when ungrouped)"""
+    metrics: list[dict[str, str]]
+    """``{kind, key}`` for every metric any run has."""
+    summary: list[dict[str, Any]]
+    """Per metric: ``{kind, key, cells: [(final, best) per run]}``."""
+    eval_table: dict[str, Any]
+    """The paper's Table 1 layout: ``{envs, rows: [{name, cells: [(with, without) per env]}]}``."""
+    diff: list[tuple[str, list[Any]]]
+
+    def chart_data(self) -> dict[str, Any]:
+        return {"runs": self.runs, "groups": self.groups, "metrics": self.metrics}
+
+    def csv_rows(self) -> list[list[Any]]:
+        rows = []
+        for run in self.runs:
+            for kind, s in run["series"].items():
+                for key, values in s["values"].items():
+                    for step, wall, value in zip(s["step"], s["wall"], values, strict=True):
+                        if value is not None:
+                            rows.append([run["id"], run["name"], run["group"], kind, key, step, wall, value])
+        return rows
+
+
+def _group_labels(runs: Sequence[Any], group: str) -> list[str]:
+    if not group:
+        return ["" for _ in runs]
+    if group == "seeds":
+        differing = [k for k, _ in config_diff([r.config for r in runs]) if k != "seed"]
+        flat = [flatten(r.config) for r in runs]
+        return [", ".join(f"{k}={f.get(k)}" for k in differing) or "all runs" for f in flat]
+    return [f"{group}={flatten(r.config).get(group)}" for r in runs]
+
+
+def _eval_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final eval success with and without experience, per environment of a mixture and on average."""
+    envs: list[str] = []
+    finals = []
+    for run in runs:
+        values = run["series"]["eval"]["values"]
+        final = {k: final_and_best(v, k)[0] for k, v in values.items()}
+        finals.append(final)
+        for key in final:
+            if key.startswith("success_with/"):
+                env = key.split("/", 1)[1]
+                if env not in envs:
+                    envs.append(env)
+    columns = [*envs, ""]  # "" is the average (or the single environment)
+    rows = []
+    for run, final in zip(runs, finals, strict=True):
+        suffix = [f"/{env}" if env else "" for env in columns]
+        cells = [(final.get(f"success_with{s}"), final.get(f"success_without{s}")) for s in suffix]
+        rows.append({"name": run["name"], "colour": run["colour"], "cells": cells})
+    return {"envs": [env or "average" for env in columns], "rows": rows}
+
+
+def build_comparison(
+    runs: Sequence[Any], series: Mapping[int, Mapping[str, Any]], *, group: str = ""
+) -> Comparison:
+    """Everything the compare page shows, from the runs and their (equally bucketed) ``Series``."""
+    labels = _group_labels(runs, group)
+    order = list(dict.fromkeys(labels))
+    out_runs = []
+    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+        out_runs.append({
+            "id": run.id, "name": run.name, "method": run.method, "env": run.env, "seed": run.seed,
+            "group": label, "colour": colour(order.index(label) if group else i),
+            "series": {kind: s.as_json() for kind, s in series[run.id].items()},
+        })  # fmt: skip
+    metrics = sorted(
+        {(kind, key) for r in out_runs for kind, s in r["series"].items() for key in s["values"]}
+    )
+    groups = []
+    if group:
+        for label in order:
+            members = [r for r in out_runs if r["group"] == label]
+            grouped: dict[str, dict[str, Any]] = {"train": {}, "eval": {}}
+            for kind, key in metrics:
+                by_step, walls = [], defaultdict(list)
+                for r in members:
+                    s = r["series"][kind]
+                    points = dict(zip(s["step"], s["values"].get(key, [None] * len(s["step"])), strict=True))
+                    by_step.append(points)
+                    for step, wall in zip(s["step"], s["wall"], strict=True):
+                        walls[step].append(wall)
+                steps, mean, lo, hi = mean_band(by_step)
+                wall = [sum(walls[s]) / len(walls[s]) for s in steps]
+                grouped[kind][key] = {"step": steps, "wall": wall, "mean": mean, "lo": lo, "hi": hi}
+            members_ids = [r["id"] for r in members]
+            groups.append(
+                {"label": label, "colour": colour(order.index(label)), "runs": members_ids, "series": grouped}
+            )
+    summary = []
+    for kind, key in metrics:
+        cells = [final_and_best(r["series"][kind]["values"].get(key, []), key) for r in out_runs]
+        summary.append({"kind": kind, "key": key, "cells": cells})
+    return Comparison(
+        runs=out_runs,
+        groups=groups,
+        metrics=[{"kind": k, "key": key} for k, key in metrics],
+        summary=summary,
+        eval_table=_eval_table(out_runs),
+        diff=config_diff([r.config for r in runs]),
+    )

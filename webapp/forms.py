@@ -1,0 +1,197 @@
+"""Forms: they turn request data into checked values; ``RunConfig`` itself is the judge of a config."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from trainer import envs
+from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
+from webapp.models import Run
+
+ABLATIONS = (
+    "no_split",
+    "cross_group",
+    "no_merge",
+    "no_search_and_ask",
+    "no_diversification",
+    "no_reweighting",
+)
+MAX_SEEDS = 16
+
+# form field -> dotted config key: where a field's value goes, and which field a ConfigError is about
+CONFIG_FIELDS = {
+    "env": "env",
+    "method": "method",
+    **{name: name for name in ABLATIONS},
+    "actor_model": "actor.model_path",
+    "extractor_model": "extractor.model_path",
+    "k_rollouts": "k_rollouts",
+    "tasks_per_step": "tasks_per_step",
+    "steps": "steps",
+    "actor_lr": "actor.lr",
+    "extractor_lr": "extractor.lr",
+    "turn_limit": "rollout.turn_limit",
+    "seed": "seed",
+    "eval_every": "eval_every",
+}
+
+
+def env_choices() -> list[tuple[str, Any]]:
+    return [
+        ("Task mixtures", [(name, name) for name in envs.MIXTURES]),
+        ("Environments", [(name, name) for name in envs.env_names()]),
+    ]
+
+
+def config_initial(config: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """Form values showing ``config`` (the hidden ``base`` keeps every key the form has no field for)."""
+    data = config.to_dict() if isinstance(config, RunConfig) else config
+    initial: dict[str, Any] = {"base": json.dumps(data)}
+    for name, key in CONFIG_FIELDS.items():
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        initial[name] = node
+    return initial
+
+
+def _field_for(message: str) -> str | None:
+    """The form field a ConfigError message is about (messages start with the dotted key)."""
+    for name, key in sorted(CONFIG_FIELDS.items(), key=lambda kv: -len(kv[1])):
+        if message.startswith((f"{key} ", f"{key}:")):
+            return name
+    return None
+
+
+class LaunchForm(forms.Form):
+    """A new run: environment, method, ablations, models and the hyper-parameters people change."""
+
+    name = forms.CharField(max_length=150, required=False, help_text="Default: method and environment.")
+    preset = forms.ChoiceField(choices=[(p, p) for p in PRESETS], initial="cpu")
+    env = forms.ChoiceField(label="Environment or mixture")
+    method = forms.ChoiceField(choices=[(m, m) for m in METHODS])
+    no_split = forms.BooleanField(required=False, label="No split (all rollouts guided)")
+    cross_group = forms.BooleanField(required=False, label="Cross-group normalisation")
+    no_merge = forms.BooleanField(required=False, label="No merge")
+    no_search_and_ask = forms.BooleanField(required=False, label="No Search-and-Ask")
+    no_diversification = forms.BooleanField(required=False, label="No diversification")
+    no_reweighting = forms.BooleanField(required=False, label="No reweighting")
+    actor_model = forms.CharField(max_length=500, label="Actor model")
+    extractor_model = forms.CharField(max_length=500, label="Extractor model")
+    k_rollouts = forms.IntegerField(label="K (rollouts per task)")
+    tasks_per_step = forms.IntegerField(label="Tasks per step (batch)")
+    steps = forms.IntegerField()
+    actor_lr = forms.FloatField(label="Actor learning rate")
+    extractor_lr = forms.FloatField(label="Extractor learning rate")
+    turn_limit = forms.IntegerField(required=False, help_text="Empty: each environment's own limit.")
+    seed = forms.IntegerField(label="First seed")
+    n_seeds = forms.IntegerField(label="Seeds to launch", initial=1, min_value=1, max_value=MAX_SEEDS)
+    eval_every = forms.IntegerField(label="Eval every (steps)")
+    overrides = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        required=False,
+        help_text="More settings, one dotted key=value per line, e.g. rollout.max_new_tokens=64.",
+    )
+    tags = forms.CharField(max_length=300, required=False, help_text="Comma separated.")
+    shared = forms.BooleanField(required=False, help_text="Let every user see this run.")
+    base = forms.CharField(widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["env"].choices = env_choices()
+        self.config: RunConfig | None = None
+
+    def clean_tags(self) -> list[str]:
+        return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+
+    def clean_base(self) -> dict[str, Any]:
+        try:
+            base = json.loads(self.cleaned_data["base"])
+        except json.JSONDecodeError:
+            raise forms.ValidationError("the base config is not valid JSON; reload the form") from None
+        if not isinstance(base, dict):
+            raise forms.ValidationError("the base config must be a table of keys; reload the form")
+        return base
+
+    def clean_overrides(self) -> dict[str, str]:
+        out = {}
+        for number, line in enumerate(self.cleaned_data["overrides"].splitlines(), 1):
+            if not line.strip():
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key.strip():
+                raise forms.ValidationError(f"line {number}: write key=value (got {line.strip()!r})")
+            out[key.strip()] = value.strip()
+        return out
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        values = {key: data[name] for name, key in CONFIG_FIELDS.items()}
+        try:
+            config = RunConfig.from_dict(data["base"])
+            config = config.with_overrides(**values, **data["overrides"])
+        except ConfigError as err:
+            field = _field_for(str(err))
+            if field is None and any(str(err).find(repr(k)) >= 0 for k in data["overrides"]):
+                field = "overrides"
+            self.add_error(field, str(err))
+            return data
+        last_seed = config.seed + data["n_seeds"] - 1
+        if last_seed > 2**31 - 1:
+            self.add_error("seed", "the seeds must stay below 2^31")
+        self.config = config
+        return data
+
+    @classmethod
+    def for_preset(cls, name: str) -> LaunchForm:
+        return cls(initial=config_initial(get_preset(name)) | {"preset": name})
+
+
+class RunFilterForm(forms.Form):
+    """The runs list's filters and sort order; anything invalid is ignored with a message."""
+
+    q = forms.CharField(required=False, max_length=100, label="Search")
+    status = forms.ChoiceField(required=False, choices=[("", "any status"), *Run.Status.choices])
+    method = forms.ChoiceField(required=False, choices=[("", "any method"), *[(m, m) for m in METHODS]])
+    env = forms.CharField(required=False, max_length=100, label="Environment")
+    tag = forms.CharField(required=False, max_length=100)
+    mine = forms.BooleanField(required=False, label="Only mine")
+    sort = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("created", "newest"),
+            ("oldest", "oldest"),
+            ("name", "name"),
+            ("step", "step"),
+            ("status", "status"),
+            ("success", "latest success"),
+        ],
+    )
+
+
+class IdListField(forms.Field):
+    """Repeated ``?runs=1&runs=2`` parameters as a list of distinct ints."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[int]:
+        try:
+            return list(dict.fromkeys(int(v) for v in value or []))
+        except (TypeError, ValueError):
+            raise forms.ValidationError("run ids must be whole numbers") from None
+
+
+class CompareForm(forms.Form):
+    """Which runs to compare and how: the URL holds all of it, so it can be shared."""
+
+    runs = IdListField(error_messages={"required": "select at least one run to compare"})
+    group = forms.CharField(
+        required=False, max_length=100, help_text="'seeds' or a config key such as method."
+    )
+    x = forms.ChoiceField(required=False, choices=[("step", "step"), ("wall", "wall time")])
+    smooth = forms.FloatField(required=False, min_value=0, max_value=0.99)

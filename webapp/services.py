@@ -1,0 +1,120 @@
+"""Writes on runs: create (N seeds), cancel, resume. Views and tasks call these; they hold the rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from trainer.config import RunConfig
+from webapp.events import broadcast_run_event
+from webapp.models import Run
+
+LAUNCH_PERMISSION = "webapp.add_run"
+"""Who may launch, clone and resume runs (Django's model permission until a dedicated one exists)."""
+
+
+class RunError(Exception):
+    """An action on a run that cannot be done now; the message says why, for a person."""
+
+
+def can_launch(user) -> bool:
+    return user.has_perm(LAUNCH_PERMISSION)
+
+
+def can_manage(user, run: Run) -> bool:
+    """Cancel and resume: the owner or staff."""
+    return user.is_staff or run.owner_id == user.id
+
+
+def _enqueue(run_id: int) -> None:
+    from webapp.tasks import train_run  # the task module imports the trainer: only load it when used
+
+    result = train_run.delay(run_id)
+    Run.objects.filter(pk=run_id).update(celery_task_id=result.id)
+
+
+def run_create(
+    owner,
+    config: RunConfig,
+    *,
+    name: str = "",
+    tags: list[str] | None = None,
+    shared: bool = False,
+    n_seeds: int = 1,
+    resume_from: str = "",
+) -> list[Run]:
+    """Queue ``n_seeds`` runs of ``config`` (seeds seed, seed+1, ...); each goes to a worker on commit."""
+    if n_seeds < 1:
+        raise RunError("launch at least one seed")
+    base = name or f"{config.method} on {config.env}"
+    runs = []
+    with transaction.atomic():
+        for i in range(n_seeds):
+            cfg = config.with_overrides(seed=config.seed + i)
+            run = Run.objects.create(
+                name=f"{base} · seed {cfg.seed}" if n_seeds > 1 else base,
+                owner=owner,
+                shared=shared,
+                tags=list(tags or []),
+                method=cfg.method,
+                env=cfg.env,
+                seed=cfg.seed,
+                config=cfg.to_dict(),
+                resume_from=resume_from,
+            )
+            transaction.on_commit(lambda run_id=run.id: _enqueue(run_id))
+            runs.append(run)
+    return runs
+
+
+def run_cancel(run: Run) -> Run:
+    """Stop a run: a queued one is cancelled at once; a running one is asked to stop between steps; a lost one
+    (its worker died) is closed now since nobody else will."""
+    if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
+        raise RunError(f"this run has already {run.status}")
+    now = timezone.now()
+    with transaction.atomic():
+        queued = Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
+            status=Run.Status.CANCELLED, cancel_requested=True, finished_at=now
+        )
+        if not queued:
+            Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+            if run.is_lost:
+                Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+                    status=Run.Status.CANCELLED, finished_at=now, error="cancelled after its worker was lost"
+                )
+    if run.celery_task_id and queued:
+        from webapp.celery import app
+
+        app.control.revoke(run.celery_task_id)
+    run.refresh_from_db()
+    transaction.on_commit(
+        lambda: broadcast_run_event(run.id, {"kind": "status", "status": run.display_status})
+    )
+    return run
+
+
+def run_resume(run: Run, owner) -> Run:
+    """A new run that continues ``run`` from its last checkpoint with the same config."""
+    if run.status in (Run.Status.QUEUED, Run.Status.RUNNING):
+        raise RunError("this run is still active; cancel it before resuming")
+    if not run.checkpoint_dir:
+        raise RunError("this run saved no checkpoint to resume from")
+    config = RunConfig.from_dict(run.config)
+    (resumed,) = run_create(
+        owner, config, name=f"{run.name} (resumed)", tags=run.tags, shared=run.shared,
+        resume_from=run.checkpoint_dir,
+    )  # fmt: skip
+    return resumed
+
+
+def run_clone_initial(run: Run) -> dict[str, Any]:
+    """The launch form's initial values for "clone this run": its full config, name and tags."""
+    return {
+        "base": run.config,
+        "name": f"{run.name} (clone)",
+        "tags": ", ".join(run.tags),
+        "shared": run.shared,
+    }

@@ -1,0 +1,55 @@
+"""Compare runs: overlaid or grouped curves, a summary table, a config diff and a CSV of the plotted data."""
+
+from __future__ import annotations
+
+import csv
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+
+from webapp.charts import build_comparison
+from webapp.forms import CompareForm
+from webapp.selectors import compare_series, runs_get
+
+
+def _comparison(request: HttpRequest):
+    form = CompareForm(request.GET)
+    if not form.is_valid():
+        return form, None
+    runs = runs_get(request.user, form.cleaned_data["runs"])
+    if not runs:
+        form.add_error("runs", "none of these runs exists or is visible to you")
+        return form, None
+    group = form.cleaned_data["group"] or ""
+    return form, build_comparison(runs, compare_series(runs), group=group)
+
+
+def compare(request: HttpRequest) -> HttpResponse:
+    """GET ?runs=1&runs=2[&group=seeds|<config key>][&x=step|wall][&smooth=0.6]: shareable as a URL."""
+    form, comparison = _comparison(request)
+    if comparison is None:
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+        return redirect("home")
+    context = {
+        "form": form,
+        "comparison": comparison,
+        "x": form.cleaned_data["x"] or "step",
+        "smooth": form.cleaned_data["smooth"] if form.cleaned_data["smooth"] is not None else 0.6,
+    }
+    return render(request, "webapp/compare.html", context)
+
+
+def compare_csv(request: HttpRequest) -> HttpResponse:
+    """The plotted (downsampled) points of every run and metric as CSV."""
+    form, comparison = _comparison(request)
+    if comparison is None:
+        return HttpResponse("; ".join(e for es in form.errors.values() for e in es), status=400)
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = 'attachment; filename="compare.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["run_id", "run_name", "group", "kind", "metric", "step", "wall_time", "value"])
+    writer.writerows(comparison.csv_rows())
+    return response

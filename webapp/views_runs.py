@@ -1,0 +1,116 @@
+"""Launching runs (new, N seeds, clone, resume), cancelling them, and the live run page."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from trainer.config import PRESETS
+from webapp.charts import flatten
+from webapp.forms import LaunchForm, config_initial
+from webapp.models import Run
+from webapp.selectors import latest_values, run_get, run_metrics, run_traces
+from webapp.services import (
+    RunError,
+    can_launch,
+    can_manage,
+    run_cancel,
+    run_clone_initial,
+    run_create,
+    run_resume,
+)
+
+
+def run_launch(request: HttpRequest) -> HttpResponse:
+    """The launch form. GET ?preset=NAME starts from a preset, ?clone=ID from a run's config."""
+    if not can_launch(request.user):
+        raise PermissionDenied("you may not launch runs")
+    if request.method == "POST":
+        form = LaunchForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            runs = run_create(
+                request.user, form.config, name=data["name"], tags=data["tags"], shared=data["shared"],
+                n_seeds=data["n_seeds"],
+            )  # fmt: skip
+            messages.success(request, f"Queued {len(runs)} run{'s' if len(runs) > 1 else ''}.")
+            return redirect("run_detail", run_id=runs[0].id) if len(runs) == 1 else redirect("home")
+        return render(request, "webapp/launch.html", {"form": form}, status=400)
+    if clone_id := request.GET.get("clone"):
+        if not clone_id.isdigit():
+            raise Http404("no such run")
+        initial = run_clone_initial(run_get(request.user, int(clone_id)))
+        form = LaunchForm(initial=config_initial(initial.pop("base")) | initial)
+    else:
+        preset = request.GET.get("preset", "cpu")
+        form = LaunchForm.for_preset(preset if preset in PRESETS else "cpu")
+    template = "webapp/_launch_form.html" if request.htmx else "webapp/launch.html"
+    return render(request, template, {"form": form})
+
+
+def _managed_run(request: HttpRequest, run_id: int) -> Run:
+    run = run_get(request.user, run_id)
+    if not can_manage(request.user, run):
+        raise PermissionDenied("only the run's owner may do this")
+    return run
+
+
+@require_POST
+def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Cancel from the list (htmx swaps the row) or from the run page."""
+    run = _managed_run(request, run_id)
+    try:
+        run = run_cancel(run)
+    except RunError as err:
+        if request.htmx:
+            return render(request, "webapp/_run_row.html", {"run": run, "error": str(err)}, status=409)
+        messages.error(request, str(err))
+        return redirect("run_detail", run_id=run.id)
+    if request.htmx and request.htmx.target and request.htmx.target.startswith("run-row-"):
+        return render(request, "webapp/_run_row.html", {"run": run})
+    messages.success(request, "Cancellation requested." if run.status == Run.Status.RUNNING else "Cancelled.")
+    return redirect("run_detail", run_id=run.id)
+
+
+@require_POST
+def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    """A new run continuing this one from its last checkpoint."""
+    run = _managed_run(request, run_id)
+    if not can_launch(request.user):
+        raise PermissionDenied("you may not launch runs")
+    try:
+        resumed = run_resume(run, request.user)
+    except RunError as err:
+        messages.error(request, str(err))
+        return redirect("run_detail", run_id=run.id)
+    messages.success(request, "Queued a run that resumes from the last checkpoint.")
+    return redirect("run_detail", run_id=resumed.id)
+
+
+PARTIALS = {"run-header": "webapp/_run_header.html", "trace-feed": "webapp/_trace_feed.html"}
+
+
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The live run page: curves (downsampled on the server), traces, config, environment, errors.
+    An htmx request for one of its live regions (``PARTIALS``) renders just that region."""
+    run = run_get(request.user, run_id)
+    context = {
+        "run": run,
+        "can_manage": can_manage(request.user, run),
+        "can_launch": can_launch(request.user),
+    }
+    partial = PARTIALS.get(request.htmx.target) if request.htmx else None
+    if partial == "webapp/_trace_feed.html":
+        context["traces"] = run_traces(run)
+    if partial:
+        return render(request, partial, context)
+    context |= {
+        "metrics": run_metrics(run),
+        "latest_eval": latest_values(run.id, "eval"),
+        "traces": run_traces(run),
+        "config_rows": sorted(flatten(run.config).items()),
+    }
+    return render(request, "webapp/run_detail.html", context)
