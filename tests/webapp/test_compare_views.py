@@ -1,0 +1,108 @@
+"""Comparing runs: visibility, grouping with mean ± band, summary and eval tables, config diff, CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from django.urls import reverse
+
+from trainer.config import get_preset
+from webapp.models import MetricRow, Run
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(owner, name, seed, method="grpo", success=(0.0, 0.5, 1.0), **fields) -> Run:
+    cfg = get_preset("cpu").with_overrides(seed=seed, method=method)
+    run = Run.objects.create(name=name, owner=owner, config=cfg.to_dict(), seed=seed, method=method, **fields)
+    for step, value in enumerate(success):
+        MetricRow.objects.create(
+            run=run, step=step, wall_time=10.0 * step, values={"success": value, "actor_loss": 1 - value}
+        )
+    MetricRow.objects.create(
+        run=run, step=2, kind="eval", wall_time=30,
+        values={"success_with": success[-1], "success_without": success[-1] / 2,
+                "success_with/WebShop-synth": 0.4, "success_without/WebShop-synth": 0.2},
+    )  # fmt: skip
+    return run
+
+
+def _chart_data(page: str) -> dict:
+    return json.loads(
+        page.split('<script id="compare-data" type="application/json">')[1].split("</script>")[0]
+    )
+
+
+def test_two_runs_overlay_with_summary_eval_table_and_config_diff(client, user, other_user):
+    a = _run(user, "grpo s0", 0)
+    b = _run(other_user, "comp s1", 1, method="complementary", success=(0.2, 0.4, 0.9), shared=True)
+    client.force_login(user)
+    response = client.get(reverse("compare"), {"runs": [a.id, b.id], "x": "wall", "smooth": "0.3"})
+    page = response.content.decode()
+    assert response.status_code == 200
+    data = _chart_data(page)
+    assert [r["id"] for r in data["runs"]] == [a.id, b.id] and data["runs"][0]["colour"] != data["runs"][1][
+        "colour"
+    ]
+    assert data["runs"][1]["series"]["train"]["values"]["success"] == [0.2, 0.4, 0.9]
+    assert {"kind": "train", "key": "success"} in data["metrics"] and data["groups"] == []
+    summary = page[page.index('id="summary"') :]
+    assert "<td>0.9 / 0.9</td>" in summary  # final / best success of b
+    assert "<td>0.1 / 0.1</td>" in summary  # actor_loss: lower is better
+    table = page[page.index('id="eval-table"') : page.index('id="summary"')]
+    assert "WebShop-synth" in table and "average" in table and "<td>0.4</td><td>0.2</td>" in table
+    diff = page[page.index('id="config-diff"') :]
+    assert "<th>method</th>" in diff and "<th>seed</th>" in diff and "actor.lr" not in diff
+
+
+def test_seeds_are_grouped_into_mean_and_band(client, user):
+    r0 = _run(user, "g s0", 0, success=(0.0, 0.5, 1.0))
+    r1 = _run(user, "g s1", 1, success=(0.5, 0.5, 0.5))
+    r2 = _run(user, "c s0", 0, method="complementary")
+    client.force_login(user)
+    data = _chart_data(
+        client.get(reverse("compare"), {"runs": [r0.id, r1.id, r2.id], "group": "seeds"}).content.decode()
+    )
+    labels = [g["label"] for g in data["groups"]]
+    assert labels == ["method=grpo", "method=complementary"]
+    grpo = data["groups"][0]
+    assert grpo["runs"] == [r0.id, r1.id]
+    band = grpo["series"]["train"]["success"]
+    assert band["step"] == [0, 1, 2] and band["mean"] == [0.25, 0.5, 0.75]
+    assert band["lo"] == [0.0, 0.5, 0.5] and band["hi"] == [0.5, 0.5, 1.0]
+    assert data["runs"][0]["colour"] == data["runs"][1]["colour"] != data["runs"][2]["colour"]
+    by_key = _chart_data(
+        client.get(reverse("compare"), {"runs": [r0.id, r2.id], "group": "method"}).content.decode()
+    )
+    assert [g["label"] for g in by_key["groups"]] == ["method=grpo", "method=complementary"]
+
+
+def test_the_csv_holds_the_plotted_points(client, user):
+    a = _run(user, "a, with comma", 0)
+    client.force_login(user)
+    response = client.get(reverse("compare_csv"), {"runs": [a.id]})
+    assert response["Content-Type"] == "text/csv" and "attachment" in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    success = [r for r in rows if r["metric"] == "success" and r["kind"] == "train"]
+    assert [(r["step"], r["wall_time"], r["value"]) for r in success] == [
+        ("0", "0.0", "0.0"),
+        ("1", "10.0", "0.5"),
+        ("2", "20.0", "1.0"),
+    ]
+    assert success[0]["run_name"] == "a, with comma"
+
+
+def test_other_users_private_runs_are_left_out_and_bad_selections_are_refused(client, user, other_user):
+    mine = _run(user, "mine", 0)
+    private = _run(other_user, "their secret", 0)
+    client.force_login(user)
+    page = client.get(reverse("compare"), {"runs": [mine.id, private.id]}).content.decode()
+    assert "their secret" not in page and [r["id"] for r in _chart_data(page)["runs"]] == [mine.id]
+    response = client.get(reverse("compare"), {"runs": [private.id]}, follow=True)
+    assert "none of these runs" in response.content.decode()
+    assert "select at least one run" in client.get(reverse("compare"), follow=True).content.decode()
+    assert "whole numbers" in client.get(reverse("compare"), {"runs": "x"}, follow=True).content.decode()
+    assert client.get(reverse("compare_csv"), {"runs": [private.id]}).status_code == 400

@@ -1,0 +1,79 @@
+"""The run socket through Channels' communicator: catch-up from stored rows, live relay, refusals."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from webapp.asgi import application
+from webapp.events import broadcast_run_event
+from webapp.models import MetricRow, Run
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+async def _connect(path: str, cookie: str | None) -> tuple[WebsocketCommunicator, bool]:
+    headers = [(b"origin", b"http://127.0.0.1:8000")]
+    if cookie:
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await communicator.connect(timeout=5)
+    return communicator, connected
+
+
+async def _login(async_client, user) -> str:
+    await async_client.aforce_login(user)
+    return async_client.cookies["sessionid"].value
+
+
+async def test_a_late_subscriber_first_gets_the_rows_after_its_cursor_then_live_events(async_client, user):
+    run = await Run.objects.acreate(name="r", owner=user)
+    rows = [
+        await MetricRow.objects.acreate(run=run, step=s, wall_time=s, values={"success": s / 10})
+        for s in range(4)
+    ]
+    await MetricRow.objects.acreate(run=run, step=3, kind="eval", wall_time=4, values={"success_with": 0.5})
+    communicator, connected = await _connect(
+        f"/ws/runs/{run.id}/?since={rows[1].id}", await _login(async_client, user)
+    )
+    assert connected
+    caught_up = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
+    assert [(e["metric_kind"], e["step"]) for e in caught_up] == [("train", 2), ("train", 3), ("eval", 3)]
+    assert caught_up[0] == {"kind": "metrics", "id": rows[2].id, "metric_kind": "train", "step": 2,
+                            "wall_time": 2.0, "values": {"success": 0.2}}  # fmt: skip
+    await sync_to_async(broadcast_run_event)(
+        run.id, {"kind": "metrics", "step": 4, "values": {"success": 1.0}}
+    )
+    assert (await communicator.receive_json_from(timeout=5))["step"] == 4
+    assert await communicator.receive_nothing(timeout=0.2)
+    await communicator.disconnect()
+
+
+async def test_without_a_cursor_only_live_events_arrive(async_client, user):
+    run = await Run.objects.acreate(name="r", owner=user)
+    await MetricRow.objects.acreate(run=run, step=0, wall_time=0, values={"success": 0})
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected and await communicator.receive_nothing(timeout=0.3)
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "status", "status": "cancelled"})
+    assert await communicator.receive_json_from(timeout=5) == {"kind": "status", "status": "cancelled"}
+    await communicator.disconnect()
+
+
+async def test_a_shared_run_streams_to_other_users_but_a_private_one_does_not(async_client, user, other_user):
+    shared = await Run.objects.acreate(name="s", owner=other_user, shared=True)
+    private = await Run.objects.acreate(name="p", owner=other_user)
+    cookie = await _login(async_client, user)
+    communicator, connected = await _connect(f"/ws/runs/{shared.id}/?since=0", cookie)
+    assert connected
+    await communicator.disconnect()
+    communicator, connected = await _connect(f"/ws/runs/{private.id}/?since=0", cookie)
+    assert not connected
+    await communicator.disconnect()
+
+
+async def test_anonymous_sockets_are_refused(user):
+    run = await Run.objects.acreate(name="r", owner=user)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/?since=0", None)
+    assert not connected
+    await communicator.disconnect()
