@@ -63,6 +63,7 @@ def test_the_expert_replans_after_a_detour(eval_env):
 
 
 def test_the_expert_solves_train_games_from_train_floor_plans_only(train_env):
+    assert train_env.num_instances() is None  # train games are generated without bound
     for seed in (0, 1):
         _, first = train_env.reset(seed)
         meta = json.loads(Path(first["game_file"]).read_text())["meta"]
@@ -155,7 +156,7 @@ def test_the_parser_is_tolerant_of_words_and_strict_about_commands():
 # ---- splits and data ----------------------------------------------------------------------------------
 def test_the_frozen_eval_split_regenerates_to_its_checksums_on_unseen_floor_plans():
     split = load_split(split_path("ALFWorld"))
-    assert len(split) >= 50
+    assert len(split) >= 50 and make_env("ALFWorld", "eval").num_instances() == len(split)
     assert Counter(e["task_type"] for e in split).keys() == set(gen.TASK_TYPES)
     assert {e["floor_plan"] for e in split} <= set(gen.EVAL_FLOOR_PLANS)
     assert not set(gen.EVAL_FLOOR_PLANS) & set(gen.TRAIN_FLOOR_PLANS)

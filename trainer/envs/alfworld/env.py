@@ -108,7 +108,7 @@ class ALFWorldEnv(TextEnv):
         return self._engine
 
     def num_instances(self) -> int | None:
-        return len(self.games)
+        return self.games.num_instances()
 
     def _reset(self, seed: int) -> tuple[str, StepInfo]:
         path = self.games.game_file(seed, self.engine)

@@ -96,7 +96,8 @@ class GeneratedGames:
         if split == "eval":
             self.instances = load_split(split_path(ENV_NAME))
 
-    def __len__(self) -> int | None:  # type: ignore[override]
+    def num_instances(self) -> int | None:
+        """The size of the frozen eval split; None for train, which generates without bound."""
         return None if self.instances is None else len(self.instances)
 
     def game_file(self, seed: int, engine: Engine) -> Path:
@@ -146,7 +147,7 @@ class OfficialGames:
             return False
         return bool(json.loads(path.read_text()).get("solvable"))
 
-    def __len__(self) -> int:
+    def num_instances(self) -> int:
         return len(self.files)
 
     def game_file(self, seed: int, engine: Engine) -> Path:
