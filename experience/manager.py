@@ -209,12 +209,13 @@ class ExperienceManager:
                     break
                 batch.append(item)
             self._dispatch(batch)
+        connection.close()
 
     def _dispatch(self, batch: list[_Request]) -> None:
         groups: dict[tuple[str, str, int], list[_Request]] = defaultdict(list)
         for r in batch:
             groups[(r.text, r.scope, r.k)].append(r)
-        texts = list(dict.fromkeys(r.text for r in batch))
+        texts = [r.text for r in batch]  # duplicates count as cache hits; each distinct miss is encoded once
         try:
             vectors = dict(zip(texts, self.embedder.embed(texts), strict=True))
         except Exception as exc:  # noqa: BLE001 - handed to every waiting caller
@@ -225,21 +226,28 @@ class ExperienceManager:
             self.stats.queries += len(batch)
             self.stats.batches += 1
             self.stats.searches += len(groups)
-        for (text, scope, k), requests in groups.items():
-            self._work.put((vectors[text], scope, k, requests))
+        items = [(vectors[text], scope, k, requests) for (text, scope, k), requests in groups.items()]
+        if len(items) == 1:  # nothing to parallelise: search here and save a thread hand-off
+            self._search(items[0])
+            return
+        for item in items:
+            self._work.put(item)
+
+    def _search(self, item: tuple) -> None:
+        vector, scope, k, requests = item
+        try:
+            entries = self.search_vector(vector, scope, k, count=len(requests))
+        except Exception as exc:  # noqa: BLE001 - handed to the callers
+            for r in requests:
+                r.future.set_exception(exc)
+            return
+        for r in requests:
+            r.future.set_result(entries)
 
     def _search_loop(self) -> None:
         try:
             while (item := self._work.get()) is not None:
-                vector, scope, k, requests = item
-                try:
-                    entries = self.search_vector(vector, scope, k, count=len(requests))
-                except Exception as exc:  # noqa: BLE001 - handed to the callers
-                    for r in requests:
-                        r.future.set_exception(exc)
-                    continue
-                for r in requests:
-                    r.future.set_result(entries)
+                self._search(item)
         finally:
             connection.close()
 
