@@ -56,7 +56,7 @@ def bench(split: str, episodes: int, random_episodes: int) -> None:
         rwins += bool(info["success"])
     print(f"random valid-action policy: {rwins}/{random_episodes} successes ({env.max_turns} turns)")
     start = time.perf_counter()
-    env.reset(0)
+    env.reset(random_episodes - 1)
     print(f"reset of the game already loaded: {time.perf_counter() - start:.2f} s")
 
 

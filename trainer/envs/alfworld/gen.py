@@ -41,7 +41,9 @@ _LAMP_HOLDERS = {
     "DeskLamp": ("Desk", "SideTable", "Dresser", "Shelf", "CoffeeTable", "TVStand"),
     "FloorLamp": ("SideTable", "ArmChair", "Sofa", "Dresser", "Bed", "Desk", "Shelf", "TVStand"),
 }
-# ALFRED's held-out ("unseen") floor plans: 6 of the 30 per room type (``constants.TEST_SCENE_NUMBERS``).
+# Eval plays the scenes ALFRED's generator holds out as test scenes (``constants.TEST_SCENE_NUMBERS``:
+# floor plans 1-6 of each room type); train the other 24 of each. (ALFWorld's own valid_unseen
+# split uses FloorPlan10, 219, 308 and 424, which are train plans here.)
 EVAL_FLOOR_PLANS = tuple(n for base in (0, 200, 300, 400) for n in range(base + 1, base + 7))
 TRAIN_FLOOR_PLANS = tuple(n for base in (0, 200, 300, 400) for n in range(base + 7, base + 31))
 ROOM_TYPES = {0: "Kitchen", 200: "LivingRoom", 300: "Bedroom", 400: "Bathroom"}
