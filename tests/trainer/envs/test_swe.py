@@ -101,7 +101,7 @@ def test_submitting_the_bug_unfixed_is_not_resolved(tiny: SWEMiniEnv) -> None:
 def test_random_valid_actions_do_not_resolve(tiny: SWEMiniEnv) -> None:
     rng = random.Random(0)
     wins = 0
-    for seed in range(4):
+    for seed in range(3):
         tiny.reset(seed)
         done, info = False, {}
         while not done:

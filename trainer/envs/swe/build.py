@@ -72,6 +72,8 @@ def build_project(project: Project, log: Callable[[str], None] = print) -> list[
         if not is_real_change(source, buggy):
             continue
         tried += 1
+        if tried % 25 == 0:
+            log(f"{project.name}: {tried} mutants tried, {len(instances)} kept")
         run = _run(project, tree, modules[mod], overrides={mod: buggy})
         fail_to_pass = [t for t in passing[mod] if not run.passed(t)]
         pass_to_pass = [t for t in passing[mod] if run.passed(t)]
