@@ -7,6 +7,7 @@ from typing import Any
 
 from django import forms
 
+from experience.selectors import PruneRule
 from trainer import envs
 from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
 from webapp.models import Run
@@ -195,3 +196,74 @@ class CompareForm(forms.Form):
     )
     x = forms.ChoiceField(required=False, choices=[("step", "step"), ("wall", "wall time")])
     smooth = forms.FloatField(required=False, min_value=0, max_value=0.99)
+
+
+# ---- experience bank ---------------------------------------------------------------------------------
+
+
+class BankSearchForm(forms.Form):
+    """Search (semantic or full text) or browse a bank, sorted by usage, success when used, or recency."""
+
+    q = forms.CharField(required=False, max_length=500, label="Search")
+    mode = forms.ChoiceField(required=False, choices=[("semantic", "by meaning"), ("text", "full text")])
+    scope = forms.CharField(required=False, max_length=100)
+    sort = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("recent", "recently changed"),
+            ("usage", "most retrieved"),
+            ("success", "success when used"),
+        ],
+    )
+    pinned = forms.BooleanField(required=False, label="Pinned only")
+
+
+class ExperienceForm(forms.Form):
+    title = forms.CharField(max_length=300)
+    content = forms.CharField(widget=forms.Textarea(attrs={"rows": 10}))
+
+
+class PruneForm(forms.Form):
+    """Bulk prune by rule: entries matching ANY criterion (pinned ones never). Preview first, then confirm."""
+
+    never_retrieved = forms.BooleanField(required=False, label="Never retrieved")
+    success_rate_below = forms.FloatField(
+        required=False, min_value=0, max_value=1, label="Success rate when used below"
+    )
+    min_guided = forms.IntegerField(
+        required=False, min_value=1, initial=1, label="…over at least this many guided episodes"
+    )
+    older_than_step = forms.IntegerField(required=False, min_value=0, label="Last changed before step")
+    scope = forms.CharField(required=False, max_length=100)
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if not self.errors and not (
+            data.get("never_retrieved")
+            or data.get("success_rate_below") is not None
+            or data.get("older_than_step") is not None
+        ):
+            raise forms.ValidationError("choose at least one rule: never retrieved, success rate or age")
+        return data
+
+    def rule(self) -> PruneRule:
+        data = self.cleaned_data
+        return PruneRule(
+            never_retrieved=data["never_retrieved"],
+            success_rate_below=data["success_rate_below"],
+            min_guided=data["min_guided"] or 1,
+            older_than_step=data["older_than_step"],
+            scope=data["scope"] or None,
+        )
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField(label="JSONL export")
+    MAX_BYTES = 50 * 1024 * 1024
+
+    def clean_file(self) -> Any:
+        upload = self.cleaned_data["file"]
+        if upload.size > self.MAX_BYTES:
+            raise forms.ValidationError("the file is larger than 50 MB")
+        return upload

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import F, FloatField, OuterRef, Q, Subquery
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, NullIf
 from django.shortcuts import get_object_or_404
 
 from webapp import charts
@@ -89,7 +90,7 @@ def worker_status() -> dict[str, Any]:
 
 @dataclass
 class Series:
-    """One kind of metric rows of a run, maybe bucket-averaged: x columns and one column per key."""
+    """One kind of metric rows of a run, maybe thinned: x columns and one column per key."""
 
     step: list[int] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
@@ -102,48 +103,46 @@ class Series:
         return {"step": self.step, "wall": self.wall, "values": self.values, "bucket": self.bucket}
 
 
-def _keys(run_id: int, kind: str) -> list[str]:
-    """Metric keys of a run's rows of one kind: those of its first and last rows."""
-    rows = MetricRow.objects.filter(run_id=run_id, kind=kind)
-    first = rows.order_by("step").values_list("values", flat=True).first() or {}
-    last = rows.order_by("-step").values_list("values", flat=True).first() or {}
-    merged = {**first, **last}
-    return sorted(k for k, v in merged.items() if isinstance(v, (int, float)))
-
-
 def metric_series(
     run_id: int, kind: str, *, max_points: int = charts.MAX_POINTS, bucket: int | None = None
 ) -> Series:
-    """A run's metric rows of one kind, averaged per bucket of steps in the database so a browser gets at most
-    ``max_points`` points however long the run (100k rows stay fast: one grouped index scan)."""
-    keys = _keys(run_id, kind)
-    if not keys:
-        return Series()
+    """A run's metric rows of one kind, thinned in the database so a browser gets at most ``max_points``
+    points however long the run: the last row of every bucket of steps, and the newest row.
+
+    Thinning, not averaging: an average must read every row's JSON (about 1.5 s for 100k rows of 20 metrics
+    here), while picking rows reads only the chosen ones (about 50 ms); the page smooths the curves anyway.
+    """
     with connection.cursor() as cursor:
-        if bucket is None:
-            cursor.execute(
-                "SELECT max(step) FROM webapp_metricrow WHERE run_id = %s AND kind = %s", [run_id, kind]
-            )
-            bucket = charts.bucket_size(cursor.fetchone()[0] or 0, max_points)
-        columns = ", ".join(
-            'avg(CASE WHEN jsonb_typeof("values"->%s) = \'number\' THEN ("values"->>%s)::float END)'
-            for _ in keys
-        )
-        params: list[Any] = [k for key in keys for k in (key, key)]
         cursor.execute(
-            f"SELECT max(id), max(step), max(wall_time), {columns} FROM webapp_metricrow "  # noqa: S608 - placeholders only
-            "WHERE run_id = %s AND kind = %s GROUP BY step / %s ORDER BY 2",
-            [*params, run_id, kind, bucket],
+            "SELECT max(step) FROM webapp_metricrow WHERE run_id = %s AND kind = %s", [run_id, kind]
+        )
+        top = cursor.fetchone()[0]
+        if top is None:
+            return Series()
+        bucket = bucket or charts.bucket_size(top, max_points)
+        cursor.execute(
+            'SELECT id, step, wall_time, "values" FROM webapp_metricrow WHERE run_id = %s AND kind = %s '
+            "AND (step %% %s = %s OR step = %s) ORDER BY step",
+            [run_id, kind, bucket, bucket - 1, top],
         )
         rows = cursor.fetchall()
-    series = Series(bucket=bucket, values={k: [] for k in keys})
-    for row in rows:
-        series.cursor = max(series.cursor, row[0])
-        series.step.append(row[1])
-        series.wall.append(round(row[2], 3))
-        for key, value in zip(keys, row[3:], strict=True):
-            series.values[key].append(None if value is None else round(value, 6))
-    return series
+    dicts = [_as_dict(values) for *_, values in rows]
+    keys = sorted({k for values in dicts for k, v in values.items() if type(v) in _NUMBER})
+    return Series(
+        step=[step for _, step, _, _ in rows],
+        wall=[round(wall, 3) for _, _, wall, _ in rows],
+        values={k: [v if type(v := d.get(k)) in _NUMBER else None for d in dicts] for k in keys},
+        cursor=max(row_id for row_id, *_ in rows),
+        bucket=bucket,
+    )
+
+
+_NUMBER = (int, float)  # exact types: bool is not a metric; jsonb holds no NaN or infinity
+
+
+def _as_dict(values: Any) -> dict[str, Any]:
+    """A raw cursor gives jsonb as text (Django leaves decoding to the field)."""
+    return json.loads(values) if isinstance(values, str) else values
 
 
 def run_metrics(run: Run, *, max_points: int = charts.MAX_POINTS) -> dict[str, Any]:
@@ -235,3 +234,35 @@ def compare_series(runs: list[Run], *, max_points: int = charts.MAX_POINTS) -> d
             bucket = charts.bucket_size(top.get(kind, 0) or 0, max_points)
             out[run.id][kind] = metric_series(run.id, kind, bucket=bucket)
     return out
+
+
+# ---- experience bank -----------------------------------------------------------------------------
+
+BANK_SORTS = {"recent": ("-updated_at", "-id"), "usage": ("-retrieval_count", "-id"), "success": None}
+
+
+def bank_entries(run: Run, *, q: str = "", mode: str = "semantic", scope: str = "", sort: str = "recent",
+                 pinned: bool = False, limit: int = 100) -> list[Any]:  # fmt: skip
+    """A run's bank for the bank page: search results by relevance, or browsing in the chosen order."""
+    from experience import selectors as bank
+
+    if q:
+        search = bank.experience_text_search if mode == "text" else bank.experience_semantic_search
+        found = list(search(run, q, scope=scope or None, limit=limit))
+        return [e for e in found if e.pinned] if pinned else found
+    qs = bank.experience_list(run, scope=scope or None, pinned=True if pinned else None)
+    if sort == "success":
+        rate = Cast("guided_successes", FloatField()) / NullIf(
+            F("guided_successes") + F("guided_failures"), 0
+        )
+        qs = qs.annotate(rate=rate).order_by(F("rate").desc(nulls_last=True), "-id")
+    else:
+        qs = qs.order_by(*BANK_SORTS.get(sort) or BANK_SORTS["recent"])
+    return list(qs[:limit])
+
+
+def bank_entry(run: Run, entry_id: int) -> Any:
+    """One entry of this run's bank (deleted ones too, for undo), else 404."""
+    from experience.models import Experience
+
+    return get_object_or_404(Experience.objects.defer("embedding"), pk=entry_id, run=run)

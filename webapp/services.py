@@ -19,6 +19,14 @@ class RunError(Exception):
     """An action on a run that cannot be done now; the message says why, for a person."""
 
 
+EDIT_BANK_PERMISSION = "experience.change_experience"
+"""Who may edit, pin, delete, prune and import experiences (on runs they manage)."""
+
+
+def can_edit_bank(user, run: Run) -> bool:
+    return user.has_perm(EDIT_BANK_PERMISSION) and can_manage(user, run)
+
+
 def can_launch(user) -> bool:
     return user.has_perm(LAUNCH_PERMISSION)
 

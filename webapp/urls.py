@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from webapp import views, views_compare, views_inspect, views_runs
+from webapp import views, views_bank, views_compare, views_inspect, views_runs
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -12,6 +12,20 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel/", views_runs.run_cancel_view, name="run_cancel"),
     path("runs/<int:run_id>/resume/", views_runs.run_resume_view, name="run_resume"),
     path("runs/<int:run_id>/episodes/", views_inspect.run_inspect, name="run_inspect"),
+    path("runs/<int:run_id>/bank/", views_bank.bank, name="bank"),
+    path("runs/<int:run_id>/bank/<int:entry_id>/", views_bank.bank_entry_view, name="bank_entry"),
+    path("runs/<int:run_id>/bank/<int:entry_id>/pin/", views_bank.bank_pin, name="bank_pin"),
+    path("runs/<int:run_id>/bank/<int:entry_id>/delete/", views_bank.bank_delete, name="bank_delete"),
+    path("runs/<int:run_id>/bank/changes/<int:change_id>/undo/", views_bank.bank_undo, name="bank_undo"),
+    path("runs/<int:run_id>/bank/prune/", views_bank.bank_prune, name="bank_prune"),
+    path("runs/<int:run_id>/bank/merges/", views_bank.bank_merges, name="bank_merges"),
+    path(
+        "runs/<int:run_id>/bank/merges/<int:merge_id>/undo/",
+        views_bank.bank_merge_undo,
+        name="bank_merge_undo",
+    ),
+    path("runs/<int:run_id>/bank/export/", views_bank.bank_export, name="bank_export"),
+    path("runs/<int:run_id>/bank/import/", views_bank.bank_import, name="bank_import"),
     path("compare/", views_compare.compare, name="compare"),
     path("compare/csv/", views_compare.compare_csv, name="compare_csv"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

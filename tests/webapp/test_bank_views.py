@@ -1,0 +1,294 @@
+"""Experience bank pages as editor, viewer, other user and anonymous: search, entry page with history and
+undo, edit, pin, delete, prune with preview, merge history, JSONL export and import. Real embeddings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from experience import bank
+from experience.embedding import default_embedder
+from experience.models import Experience, ExperienceChange
+from webapp.models import Run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    return default_embedder()
+
+
+@pytest.fixture
+def editor(user):
+    user.user_permissions.add(Permission.objects.get(codename="change_experience"))
+    return user
+
+
+@pytest.fixture
+def run(editor):
+    return Run.objects.create(name="bank run", owner=editor, method="complementary")
+
+
+def _add(run, title, content, embedder, **counters) -> Experience:
+    entry = bank.add(
+        run.pk,
+        "MiniHack",
+        title,
+        content,
+        embedder.embed_one(bank.entry_text(title, content)),
+        embedding_model=embedder.model_id,
+        step=counters.pop("step", 0),
+    )
+    if counters:
+        Experience.objects.filter(pk=entry.pk).update(**counters)
+        entry.refresh_from_db()
+    return entry
+
+
+@pytest.fixture
+def entries(run, embedder):
+    return [
+        _add(
+            run,
+            "Open doors with keys",
+            "If a door is locked, pick up the key first, then open the door.",
+            embedder,
+            retrieval_count=5,
+            guided_successes=4,
+            guided_failures=1,
+            step=3,
+        ),
+        _add(
+            run,
+            "Avoid the monster",
+            "When a monster is adjacent, step away before moving to the stairs.",
+            embedder,
+            retrieval_count=0,
+            step=1,
+        ),
+        _add(
+            run,
+            "Buy cheap shoes <b>",
+            "Search for the product, click the cheapest matching item, then buy.",
+            embedder,
+            retrieval_count=2,
+            guided_successes=0,
+            guided_failures=2,
+            step=8,
+        ),
+    ]
+
+
+def test_anonymous_users_are_sent_to_login_from_every_bank_page(client, run, entries):
+    e = entries[0]
+    for url in [
+        reverse("bank", args=[run.id]),
+        reverse("bank_entry", args=[run.id, e.id]),
+        reverse("bank_merges", args=[run.id]),
+        reverse("bank_export", args=[run.id]),
+        reverse("bank_prune", args=[run.id]) + "?never_retrieved=on",
+    ]:
+        assert client.get(url)["Location"].startswith(reverse("login")), url
+    for url in [reverse("bank_pin", args=[run.id, e.id]), reverse("bank_delete", args=[run.id, e.id])]:
+        assert client.post(url, {"pinned": "1"})["Location"].startswith(reverse("login"))
+    assert Experience.objects.filter(pinned=True).count() == 0 and Experience.objects.live().count() == 3
+
+
+def test_the_bank_lists_sorts_and_searches_by_meaning_and_text(client, editor, run, entries):
+    client.force_login(editor)
+    url = reverse("bank", args=[run.id])
+    page = client.get(url).content.decode()
+    assert "Open doors with keys" in page and "Buy cheap shoes &lt;b&gt;" in page and "<b>" not in page
+    usage = client.get(url, {"sort": "usage"}).content.decode()
+    assert usage.index("Open doors") < usage.index("Buy cheap") < usage.index("Avoid the monster")
+    success = client.get(url, {"sort": "success"}).content.decode()
+    assert success.index("Open doors") < success.index("Buy cheap") < success.index("Avoid the monster")
+    semantic = client.get(
+        url,
+        {"q": "the door is locked, how do I get through", "mode": "semantic"},
+        headers={"HX-Request": "true", "HX-Target": "bank-list"},
+    ).content.decode()
+    assert semantic.startswith('<div id="bank-list">') and semantic.index("Open doors") < semantic.index(
+        "Avoid"
+    )
+    text = client.get(url, {"q": "monster", "mode": "text"}).content.decode()
+    assert "Avoid the monster" in text and "Open doors" not in text
+
+
+def test_an_editor_edits_pins_deletes_and_undoes_and_each_change_is_recorded_as_a_persons(
+    client, editor, run, entries
+):
+    e = entries[1]
+    client.force_login(editor)
+    url = reverse("bank_entry", args=[run.id, e.id])
+    response = client.post(url, {"title": "Keep away from monsters", "content": "Step away first."})
+    assert response.status_code == 302
+    e.refresh_from_db()
+    assert (e.title, e.content, e.version) == ("Keep away from monsters", "Step away first.", 2)
+    row = client.post(
+        reverse("bank_pin", args=[run.id, e.id]),
+        {"pinned": "1"},
+        headers={"HX-Request": "true", "HX-Target": f"entry-{e.id}"},
+    ).content.decode()
+    assert row.startswith(f'<tr id="entry-{e.id}">') and "pinned" in row and "Unpin" in row
+    assert Experience.objects.get(pk=e.id).pinned
+    client.post(reverse("bank_delete", args=[run.id, e.id]))
+    assert Experience.objects.get(pk=e.id).is_deleted
+    changes = list(ExperienceChange.objects.filter(experience=e).order_by("id"))
+    assert [c.kind for c in changes] == ["add", "update", "pin", "delete"]
+    assert all(c.actor == "person" and c.user == editor for c in changes[1:])
+    page = client.get(url).content.decode()
+    assert "deleted" in page and page.count(">Undo</button>") == 4
+    client.post(reverse("bank_undo", args=[run.id, changes[-1].id]))
+    assert not Experience.objects.get(pk=e.id).is_deleted
+    page = client.post(reverse("bank_undo", args=[run.id, changes[-1].id]), follow=True).content.decode()
+    assert "already undone" in page
+
+
+def test_bad_edits_are_refused_with_a_message_and_change_nothing(client, editor, run, entries):
+    e = entries[0]
+    client.force_login(editor)
+    response = client.post(reverse("bank_entry", args=[run.id, e.id]), {"title": "", "content": "x"})
+    assert response.status_code == 400 and 'id="error-title"' in response.content.decode()
+    e.refresh_from_db()
+    assert e.title == "Open doors with keys" and e.version == 1
+
+
+def test_viewers_of_a_shared_run_can_read_but_not_edit_and_private_banks_are_hidden(
+    client, other_user, run, entries
+):
+    other_user.user_permissions.add(Permission.objects.get(codename="change_experience"))
+    e = entries[0]
+    client.force_login(other_user)
+    assert client.get(reverse("bank", args=[run.id])).status_code == 404
+    assert client.get(reverse("bank_entry", args=[run.id, e.id])).status_code == 404
+    assert client.post(reverse("bank_pin", args=[run.id, e.id]), {"pinned": "1"}).status_code == 404
+    Run.objects.filter(pk=run.pk).update(shared=True)
+    page = client.get(reverse("bank_entry", args=[run.id, e.id])).content.decode()
+    assert "Open doors with keys" in page and "Save" not in page and "Delete" not in page
+    assert client.post(reverse("bank_pin", args=[run.id, e.id]), {"pinned": "1"}).status_code == 403
+    assert (
+        client.post(reverse("bank_entry", args=[run.id, e.id]), {"title": "x", "content": "y"}).status_code
+        == 403
+    )
+    assert client.post(reverse("bank_delete", args=[run.id, e.id])).status_code == 403
+    assert client.get(reverse("bank_prune", args=[run.id]), {"never_retrieved": "on"}).status_code == 403
+    assert (
+        not Experience.objects.get(pk=e.id).pinned
+        and Experience.objects.get(pk=e.id).title == "Open doors with keys"
+    )
+
+
+def test_the_owner_without_the_permission_cannot_edit(client, django_user_model, embedder):
+    owner = django_user_model.objects.create_user("carol", password="correct horse battery")
+    run = Run.objects.create(name="r", owner=owner)
+    e = _add(run, "t", "c", embedder)
+    client.force_login(owner)
+    assert client.post(reverse("bank_pin", args=[run.id, e.id]), {"pinned": "1"}).status_code == 403
+
+
+def test_prune_shows_a_preview_then_deletes_exactly_that_on_confirmation(client, editor, run, entries):
+    client.force_login(editor)
+    Experience.objects.filter(pk=entries[1].pk).update(pinned=True)  # never retrieved, but pinned: kept
+    url = reverse("bank_prune", args=[run.id])
+    preview = client.get(url, {"never_retrieved": "on", "success_rate_below": "0.5", "min_guided": "2"})
+    page = preview.content.decode()
+    assert (
+        "1 entry would be deleted" in page and "Buy cheap shoes" in page and "Avoid the monster" not in page
+    )
+    assert Experience.objects.live().count() == 3  # a preview changes nothing
+    confirm = {
+        "never_retrieved": "True",
+        "success_rate_below": "0.5",
+        "min_guided": "2",
+        "older_than_step": "",
+        "scope": "",
+        "confirm": "1",
+    }
+    page = client.post(url, confirm, follow=True).content.decode()
+    assert "Pruned 1 entry" in page
+    assert set(Experience.objects.live().values_list("title", flat=True)) == {
+        "Open doors with keys",
+        "Avoid the monster",
+    }
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({}, "choose at least one rule"),
+        ({"success_rate_below": "2"}, "less than or equal to 1"),
+        ({"older_than_step": "-3"}, "greater than or equal to 0"),
+    ],
+)
+def test_a_bad_prune_rule_is_refused_and_deletes_nothing(client, editor, run, entries, params, words):
+    client.force_login(editor)
+    response = client.post(reverse("bank_prune", args=[run.id]), params | {"confirm": "1"})
+    assert response.status_code == 400 and words in response.content.decode()
+    assert Experience.objects.live().count() == 3
+
+
+def test_export_then_import_round_trips_and_a_malformed_file_imports_nothing(
+    client, editor, run, entries, embedder
+):
+    client.force_login(editor)
+    response = client.get(reverse("bank_export", args=[run.id]))
+    body = b"".join(response.streaming_content).decode()
+    lines = body.splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["title"] == "Open doors with keys"
+    target = Run.objects.create(name="target", owner=editor)
+    upload = SimpleUploadedFile("bank.jsonl", body.encode(), content_type="application/jsonl")
+    page = client.post(
+        reverse("bank_import", args=[target.id]), {"file": upload}, follow=True
+    ).content.decode()
+    assert "Imported 3 entries" in page and Experience.objects.in_bank(target.pk).count() == 3
+    for bad in [
+        b"{not json\n",
+        b'{"format": "something else"}\n',
+        lines[0].encode() + b'\n{"format": 1}\n',
+        b"\xff\xfe",
+    ]:
+        upload = SimpleUploadedFile("bad.jsonl", bad)
+        page = client.post(
+            reverse("bank_import", args=[target.id]), {"file": upload}, follow=True
+        ).content.decode()
+        assert "Nothing was imported" in page, bad
+    assert Experience.objects.in_bank(target.pk).count() == 3
+    page = client.post(reverse("bank_import", args=[target.id]), {}, follow=True).content.decode()
+    assert "Nothing was imported" in page
+
+
+def test_merge_history_lists_merges_and_an_editor_can_undo_one(client, editor, run, entries, embedder):
+    a = entries[0]
+    merged_vector = embedder.embed_one("merged")
+    from experience.models import Merge
+
+    merge = Merge.objects.create(
+        run=run,
+        scope="MiniHack",
+        step=5,
+        decision="changed",
+        inputs=[{"id": a.id, "title": a.title, "content": a.content}],
+    )
+    bank.update(
+        a.pk,
+        "Merged: doors and monsters",
+        "both",
+        merged_vector,
+        embedding_model=embedder.model_id,
+        step=5,
+        actor=ExperienceChange.Actor.MERGE,
+        kind=ExperienceChange.Kind.MERGE_REWRITE,
+        merge=merge,
+    )
+    client.force_login(editor)
+    page = client.get(reverse("bank_merges", args=[run.id])).content.decode()
+    assert f'id="merge-{merge.id}"' in page and "Undo merge" in page and "Open doors with keys" in page
+    client.post(reverse("bank_merge_undo", args=[run.id, merge.id]))
+    a.refresh_from_db()
+    assert a.title == "Open doors with keys"

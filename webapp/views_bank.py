@@ -1,0 +1,189 @@
+"""Experience bank pages of a run: search and browse, an entry with its history, edits, pins, deletes, undo,
+bulk prune with preview, merge history, JSONL export and import. Every write goes through
+``experience.services`` (the manager's write path when the run is training in this process)."""
+
+from __future__ import annotations
+
+import io
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from experience import selectors as bank_selectors
+from experience import services as bank_services
+from experience.bank import BankError
+from experience.models import ExperienceChange, Merge
+from webapp.forms import BankSearchForm, ExperienceForm, ImportForm, PruneForm
+from webapp.models import Run
+from webapp.selectors import bank_entries, bank_entry, run_get
+from webapp.services import can_edit_bank
+
+
+def _editable_run(request: HttpRequest, run_id: int) -> Run:
+    run = run_get(request.user, run_id)
+    if not can_edit_bank(request.user, run):
+        raise PermissionDenied("you may not edit this run's experience bank")
+    return run
+
+
+def bank(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The bank of a run; an htmx request (search as you type) gets just the list."""
+    run = run_get(request.user, run_id)
+    form = BankSearchForm(request.GET)
+    data = form.cleaned_data if form.is_valid() else {}
+    if form.errors:
+        messages.error(request, "Some search options were not understood and were ignored.")
+    entries = bank_entries(
+        run, q=data.get("q", ""), mode=data.get("mode") or "semantic", scope=data.get("scope", ""),
+        sort=data.get("sort") or "recent", pinned=data.get("pinned", False),
+    )  # fmt: skip
+    context = {
+        "run": run, "form": form, "entries": entries, "can_edit": can_edit_bank(request.user, run),
+        "scopes": bank_selectors.experience_scopes(run),
+        "prune_form": PruneForm(), "import_form": ImportForm(),
+    }  # fmt: skip
+    template = (
+        "webapp/_bank_list.html"
+        if request.htmx and request.htmx.target == "bank-list"
+        else "webapp/bank.html"
+    )
+    return render(request, template, context)
+
+
+def bank_entry_view(request: HttpRequest, run_id: int, entry_id: int) -> HttpResponse:
+    """An entry: text, provenance, counters, history (with undo) and, for editors, the edit form."""
+    run = run_get(request.user, run_id)
+    entry = bank_entry(run, entry_id)
+    can_edit = can_edit_bank(request.user, run)
+    form = ExperienceForm(initial={"title": entry.title, "content": entry.content})
+    status = 200
+    if request.method == "POST":
+        if not can_edit:
+            raise PermissionDenied("you may not edit this run's experience bank")
+        form = ExperienceForm(request.POST)
+        if form.is_valid():
+            try:
+                bank_services.experience_edit(
+                    entry, form.cleaned_data["title"], form.cleaned_data["content"], user=request.user
+                )
+            except BankError as err:
+                form.add_error(None, str(err))
+            else:
+                messages.success(request, "Saved.")
+                return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
+        status = 400
+    context = {
+        "run": run, "entry": entry, "form": form, "can_edit": can_edit,
+        "history": bank_selectors.experience_history(entry),
+    }  # fmt: skip
+    return render(request, "webapp/bank_entry.html", context, status=status)
+
+
+@require_POST
+def bank_pin(request: HttpRequest, run_id: int, entry_id: int) -> HttpResponse:
+    run = _editable_run(request, run_id)
+    entry = bank_entry(run, entry_id)
+    try:
+        entry = bank_services.experience_pin(entry, request.POST.get("pinned") == "1", user=request.user)
+    except BankError as err:
+        messages.error(request, str(err))
+    if request.htmx and request.htmx.target == f"entry-{entry.id}":
+        return render(request, "webapp/_bank_row.html", {"run": run, "entry": entry, "can_edit": True})
+    return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
+
+
+@require_POST
+def bank_delete(request: HttpRequest, run_id: int, entry_id: int) -> HttpResponse:
+    run = _editable_run(request, run_id)
+    entry = bank_entry(run, entry_id)
+    try:
+        bank_services.experience_delete(entry, user=request.user)
+    except BankError as err:
+        messages.error(request, str(err))
+        return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
+    messages.success(request, f"Deleted “{entry.title}”. Its history can undo this.")
+    return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
+
+
+@require_POST
+def bank_undo(request: HttpRequest, run_id: int, change_id: int) -> HttpResponse:
+    """Undo one change of an entry (a change made by a merge undoes the whole merge)."""
+    run = _editable_run(request, run_id)
+    change = get_object_or_404(ExperienceChange, pk=change_id, run=run)
+    try:
+        bank_services.experience_undo(change, user=request.user)
+        messages.success(request, f"Undid the {change.get_kind_display()}.")
+    except BankError as err:
+        messages.error(request, str(err))
+    return redirect("bank_entry", run_id=run.id, entry_id=change.experience_id)
+
+
+def bank_prune(request: HttpRequest, run_id: int) -> HttpResponse:
+    """GET: the rule's preview (what would go). POST with confirm: prune exactly that rule."""
+    run = _editable_run(request, run_id)
+    form = PruneForm(request.POST if request.method == "POST" else request.GET)
+    if not form.is_valid():
+        return render(request, "webapp/bank_prune.html", {"run": run, "form": form}, status=400)
+    if request.method == "POST" and form.cleaned_data["confirm"]:
+        n = bank_services.experience_prune(run, form.rule(), user=request.user)
+        messages.success(request, f"Pruned {n} entr{'y' if n == 1 else 'ies'}.")
+        return redirect("bank", run_id=run.id)
+    preview = list(bank_selectors.experience_prune_preview(run, form.rule())[:500])
+    return render(request, "webapp/bank_prune.html", {"run": run, "form": form, "preview": preview})
+
+
+def bank_merges(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = run_get(request.user, run_id)
+    merges = bank_selectors.merge_list(run)[:200]
+    return render(
+        request,
+        "webapp/bank_merges.html",
+        {"run": run, "merges": merges, "can_edit": can_edit_bank(request.user, run)},
+    )
+
+
+@require_POST
+def bank_merge_undo(request: HttpRequest, run_id: int, merge_id: int) -> HttpResponse:
+    run = _editable_run(request, run_id)
+    merge = get_object_or_404(Merge, pk=merge_id, run=run)
+    try:
+        bank_services.merge_undo(merge, user=request.user)
+        messages.success(request, f"Undid merge #{merge.id}.")
+    except BankError as err:
+        messages.error(request, str(err))
+    return redirect("bank_merges", run_id=run.id)
+
+
+def bank_export(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The bank as JSONL (entries with provenance, counters and embeddings)."""
+    run = run_get(request.user, run_id)
+    out = io.StringIO()
+    bank_services.experience_export(run, out, scope=request.GET.get("scope") or None)
+    response = StreamingHttpResponse(iter([out.getvalue()]), content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="bank-run-{run.id}.jsonl"'
+    return response
+
+
+@require_POST
+def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Add the entries of a JSONL export: all or nothing, with a message saying what was wrong."""
+    run = _editable_run(request, run_id)
+    form = ImportForm(request.POST, request.FILES)
+    if form.is_valid():
+        try:
+            text = form.cleaned_data["file"].read().decode("utf-8")
+            n = bank_services.experience_import(run, io.StringIO(text), user=request.user)
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            messages.error(
+                request, f"Nothing was imported: the file is not a valid experience export ({err})."
+            )
+        else:
+            messages.success(request, f"Imported {n} entr{'y' if n == 1 else 'ies'}.")
+    else:
+        messages.error(
+            request, "Nothing was imported: " + " ".join(e for es in form.errors.values() for e in es)
+        )
+    return redirect("bank", run_id=run.id)
