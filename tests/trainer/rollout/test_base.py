@@ -1,0 +1,63 @@
+"""The engine interface: request validation, the backend registry, and the log-prob recompute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.models import ModelNotFound, load_causal_lm
+from trainer.rollout import EngineError, GenerationRequest, engine_class, make_engine, sequence_logprobs
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prompt_ids": ()}, "at least one prompt token"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
+def test_it_refuses_a_request_with_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationRequest(**({"prompt_ids": (1, 2)} | kwargs))
+
+
+def test_a_request_normalises_its_token_lists_to_tuples_of_int():
+    request = GenerationRequest([1, 2, 3], stop_token_ids=[7])
+    assert request.prompt_ids == (1, 2, 3) and request.stop_token_ids == (7,)
+    assert hash(request) == hash(GenerationRequest((1, 2, 3), stop_token_ids=(7,)))
+
+
+def test_the_registry_names_both_backends_and_refuses_others(tmp_path):
+    assert engine_class("hf").name == "hf"
+    with pytest.raises(EngineError, match="unknown rollout engine 'sglang'; choose one of hf, vllm"):
+        make_engine("sglang", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_each_engine_says_when_the_model_folder_is_missing(name, tmp_path):
+    with pytest.raises(ModelNotFound, match=f"{name} engine: no model checkpoint"):
+        make_engine(name, tmp_path / "nothing-here")
+
+
+def test_sequence_logprobs_match_one_sequence_at_a_time_despite_padding(model_path):
+    model = load_causal_lm(model_path)
+    prompts = [[1, 9690, 198, 2683], [1, 4093], [1, 520, 9531, 198, 30, 31, 32]]
+    completions = [[359, 253, 5356, 2], [6004, 2, 198, 1, 4093, 7, 8, 9], [11]]
+    with torch.no_grad():
+        batched = sequence_logprobs(model, prompts, completions, batch_size=2)
+        for prompt, completion, got in zip(prompts, completions, batched, strict=True):
+            ids = torch.tensor([prompt + completion])
+            logp = model(input_ids=ids).logits[0].log_softmax(-1)  # (T, V)
+            want = torch.stack([logp[len(prompt) - 1 + t, tok] for t, tok in enumerate(completion)])
+            assert got.shape == (len(completion),)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_sequence_logprobs_carry_gradients_for_the_policy_loss(model_path):
+    model = load_causal_lm(model_path)
+    (logp,) = sequence_logprobs(model, [[1, 4093, 198]], [[6004, 2]])
+    logp.sum().backward()
+    assert model.model.embed_tokens.weight.grad.abs().sum() > 0
