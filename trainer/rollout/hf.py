@@ -10,6 +10,7 @@ batched call; nothing is grouped.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,13 +100,17 @@ class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, model_path: Path | str, *, dtype: str = "float32", device: str = "cpu") -> None:
+        """``dtype``: float32 (the trainer's), bfloat16, float16 or auto; ``device``: a torch device."""
         super().__init__(model_path)
         if not is_checkpoint(self.model_path):
             raise ModelNotFound(
                 f"hf engine: no model checkpoint (config.json + *.safetensors) in {self.model_path}"
             )
-        if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
-            raise EngineError(f"hf engine: unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        if dtype == "auto":  # the checkpoint's own dtype, as vLLM reads it
+            config = json.loads((self.model_path / "config.json").read_text())
+            dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise EngineError(f"hf engine: unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")
         self.device = torch.device(device)
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_causal_lm(self.model_path, dtype=dtype).to(self.device).eval()

@@ -24,6 +24,9 @@ from trainer.models import ModelNotFound, is_checkpoint
 from trainer.rollout.base import Engine, EngineError, Generation, GenerationRequest
 
 _WARMUP_TOKENS = 8
+# vLLM's distributed state is process-wide and shared by all in-process engines (an actor and an
+# extractor can both run here): only the last engine to close may tear it down.
+_live_engines: set[int] = set()
 
 
 class VLLMEngine(Engine):
@@ -95,14 +98,15 @@ class VLLMEngine(Engine):
         try:
             self._llm = LLM(**options)
         except TypeError as exc:  # an option vLLM does not know
-            _cleanup()
+            _cleanup_if_last()
             raise EngineError(f"vllm engine: bad option: {exc}") from exc
         except Exception as exc:
-            _cleanup()
+            _cleanup_if_last()
             raise EngineError(
                 f"vllm engine: could not start for {self.model_path} with "
                 f"{ {k: v for k, v in options.items() if k != 'model'} }: {exc}"
             ) from exc
+        _live_engines.add(id(self))
         if warmup:
             self._generate([GenerationRequest((1, 2, 3), max_new_tokens=_WARMUP_TOKENS, seed=0)] * 2)
 
@@ -173,15 +177,27 @@ class VLLMEngine(Engine):
         self._llm.reset_prefix_cache()
 
     def _close(self) -> None:
+        import vllm.v1.engine.core as engine_core
+
         llm, self._llm = self._llm, None
-        llm.llm_engine.engine_core.shutdown()
+        _live_engines.discard(id(self))
+        # EngineCore.shutdown tears down the process-wide distributed state, which would break the
+        # other engines still running here: skip that step unless this engine is the last one.
+        teardown = engine_core.cleanup_dist_env_and_memory
+        if _live_engines:
+            engine_core.cleanup_dist_env_and_memory = gc.collect
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            engine_core.cleanup_dist_env_and_memory = teardown
         del llm
-        _cleanup()
+        gc.collect()
 
 
-def _cleanup() -> None:
-    """Tear down vLLM's process-wide state so that another engine can start in this process."""
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
+def _cleanup_if_last() -> None:
+    """Tear down vLLM's process-wide state once no engine uses it, so that a new one can start."""
     gc.collect()
-    cleanup_dist_env_and_memory()
+    if not _live_engines:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
