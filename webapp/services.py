@@ -36,10 +36,15 @@ def can_manage(user, run: Run) -> bool:
     return user.is_staff or run.owner_id == user.id
 
 
-def _enqueue(run_id: int) -> None:
-    from webapp.tasks import train_run  # the task module imports the trainer: only load it when used
+TRAIN_TASK = "webapp.tasks.train_run"
 
-    result = train_run.delay(run_id)
+
+def _enqueue(run_id: int) -> None:
+    """Send the run to a training worker by task name (routed to the ``training`` queue by settings), so
+    the web process never imports the trainer."""
+    from webapp.celery import app
+
+    result = app.send_task(TRAIN_TASK, args=[run_id])
     Run.objects.filter(pk=run_id).update(celery_task_id=result.id)
 
 

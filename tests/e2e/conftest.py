@@ -1,0 +1,79 @@
+"""A real server (daphne, HTTP and WebSockets) on the test database, and a real headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(transactional_db):
+    """daphne serving the project against the test database; yields its base URL."""
+    port = _free_port()
+    env = os.environ | {
+        "STUDIO_DB_NAME": settings.DATABASES["default"]["NAME"],
+        "DJANGO_SETTINGS_MODULE": "tests.e2e.settings_e2e",
+        "PYTHONUNBUFFERED": "1",
+    }
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "daphne.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(base + "/login/", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError((ARTIFACTS / "daphne.log").read_text()) from None
+            time.sleep(0.3)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=20)
+    log.close()
+
+
+@pytest.fixture
+def browser_page(monkeypatch):
+    """A page in a fresh headless Chromium (its own profile folder). Playwright's sync API keeps an event
+    loop in this thread, so the test's own ORM calls (setting up data, checking it) are allowed explicitly."""
+    from playwright.sync_api import sync_playwright
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, accept_downloads=True,
+            viewport={"width": 1400, "height": 1000},
+        )  # fmt: skip
+        page = context.new_page()
+        page.set_default_timeout(90_000)  # the first bank edit loads the embedding model in the server
+        yield page
+        context.close()

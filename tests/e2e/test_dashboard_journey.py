@@ -1,0 +1,258 @@
+"""The main user journeys in a real headless Chromium against daphne (HTTP + WebSockets) and PostgreSQL.
+
+Screenshots of every page go to test-artifacts/. The live curve is fed the way a training worker feeds it:
+a metric row is written, then an event is broadcast to the run's group through Redis.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from experience import bank
+from experience.embedding import default_embedder
+from experience.models import Experience, SearchAsk
+from tests.e2e.conftest import ARTIFACTS
+from trainer.config import get_preset
+from webapp.events import broadcast_run_event
+from webapp.models import EpisodeRecord, MetricRow, Run
+from webapp.selectors import metric_event
+
+PASSWORD = "correct horse battery"
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def _metrics(run: Run, steps: range, base: float) -> None:
+    for s in steps:
+        MetricRow.objects.create(
+            run=run,
+            step=s,
+            wall_time=3.0 * s,
+            values={
+                "success": base + s / 20,
+                "success_guided": base + s / 15,
+                "success_free": base + s / 30,
+                "reward": base + s / 20,
+                "actor_loss": 1 / (s + 1),
+                "bank_size": 3 * s,
+                "time_rollout_s": 2.0,
+            },
+        )
+    MetricRow.objects.create(
+        run=run,
+        step=steps[-1],
+        kind="eval",
+        wall_time=3.0 * steps[-1],
+        values={"success_with": base + 0.3, "success_without": base + 0.1},
+    )
+
+
+@pytest.fixture
+def world(user, embedder):
+    for codename in ("add_run", "change_experience"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    cfg = get_preset("cpu")
+    baseline = Run.objects.create(
+        name="grpo baseline",
+        owner=user,
+        method="grpo",
+        env=cfg.env,
+        config=cfg.with_overrides(method="grpo").to_dict(),
+        status="succeeded",
+        step=9,
+    )
+    live = Run.objects.create(
+        name="complementary live",
+        owner=user,
+        method="complementary",
+        env=cfg.env,
+        config=cfg.to_dict(),
+        status="running",
+        step=4,
+        seed=1,
+    )
+    from django.utils import timezone
+
+    Run.objects.filter(pk=live.pk).update(heartbeat_at=timezone.now(), started_at=timezone.now())
+    _metrics(baseline, range(10), 0.0)
+    _metrics(live, range(5), 0.1)
+    entries = [
+        bank.add(
+            live.pk,
+            "MiniHack-Room-5x5",
+            title,
+            content,
+            embedder.embed_one(title + "\n" + content),
+            embedding_model=embedder.model_id,
+            step=2,
+        )
+        for title, content in [
+            ("Walk to the stairs", "Find the > on the map and move towards it one step at a time."),
+            ("Never used advice", "Something nobody retrieves."),
+        ]
+    ]
+    Experience.objects.filter(pk=entries[0].pk).update(
+        retrieval_count=4, guided_successes=3, guided_failures=1
+    )
+    episode = EpisodeRecord.objects.create(
+        run=live,
+        step=4,
+        task_instance=0,
+        env=cfg.env,
+        seed=3,
+        guided=True,
+        reward=1.0,
+        success=True,
+        num_actions=2,
+        injected_experience="Walk to the stairs",
+        experience_id=entries[0].pk,
+        turns=[
+            {"observation": "You see a room.", "action": "search[stairs]"},
+            {"observation": "Refined: go east", "action": "east", "reward": 1.0},
+        ],
+    )
+    EpisodeRecord.objects.create(
+        run=live,
+        step=4,
+        task_instance=0,
+        env=cfg.env,
+        seed=3,
+        guided=False,
+        reward=0.0,
+        success=False,
+        num_actions=8,
+        turns=[{"observation": "dark", "action": "north"}],
+    )
+    SearchAsk.objects.create(
+        run=live,
+        scope="MiniHack-Room-5x5",
+        query="where are the stairs?",
+        experience=entries[0],
+        similarity=0.81,
+        refined="Go east twice: the stairs are there.",
+        episode_id=str(episode.id),
+        step=4,
+        success=True,
+    )
+    return {"baseline": baseline, "live": live, "entries": entries, "episode": episode}
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    return default_embedder()
+
+
+def test_a_user_logs_in_launches_watches_curates_and_compares(server, browser_page, world, user):
+    page, live, baseline = browser_page, world["live"], world["baseline"]
+
+    # log in
+    page.goto(server + "/")
+    assert "/login/" in page.url
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#run-list")
+    page.wait_for_selector("#workers .dot")
+    assert "complementary live" in page.inner_text("#run-list")
+    _shot(page, "01-runs")
+
+    # launch: a bad value is refused next to its field, then a good launch queues a run
+    page.click("text=Launch a run")
+    page.fill("#id_k_rollouts", "7")
+    page.fill("#id_steps", "2")
+    page.click("#launch-form button[type=submit]")
+    assert "must be even" in page.inner_text("#error-k_rollouts")
+    assert Run.objects.count() == 2
+    _shot(page, "02-launch-error")
+    page.fill("#id_k_rollouts", "4")
+    page.fill("#id_name", "e2e launch")
+    page.click("#launch-form button[type=submit]")
+    page.wait_for_selector("#run-header")
+    launched = Run.objects.get(name="e2e launch")
+    assert (
+        launched.status == "queued" and launched.config["k_rollouts"] == 4 and launched.config["steps"] == 2
+    )
+    _shot(page, "03-launched")
+
+    # the live run page: curves drawn from stored rows, then a new step arrives over the socket
+    page.goto(f"{server}/runs/{live.id}/")
+    page.wait_for_selector("#live-state.live")
+    page.wait_for_selector("#chart-success canvas")
+    assert page.evaluate("window.studioRun.series.train.step.length") == 5
+    row = MetricRow.objects.create(
+        run=live, step=5, wall_time=15.0, values={"success": 0.9, "success_guided": 0.95, "success_free": 0.8}
+    )
+    sent = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:  # as a worker would, outside Playwright's event loop
+        pool.submit(broadcast_run_event, live.id, metric_event(row)).result()
+    page.wait_for_function("window.studioRun.series.train.step.at(-1) === 5", polling="raf")
+    latency = time.monotonic() - sent
+    assert page.inner_text("#run-step") == "5"
+    print(f"live update reached the page {latency * 1000:.0f} ms after the broadcast")
+    assert latency < 1.0
+    _shot(page, "04-run-live")
+
+    # a Search-and-Ask trace, and the episode it belongs to
+    page.click("#trace-feed summary")
+    assert "Go east twice" in page.inner_text("#trace-feed")
+    page.click("#trace-feed a:has-text('episode')")
+    page.wait_for_selector(".episode.highlight")
+    highlighted = page.locator(".episode.highlight")
+    highlighted.locator("[data-move='1']").click()
+    assert highlighted.locator(".turn-no").inner_text() == "2"
+    assert "Refined: go east" in highlighted.locator(".turn:not([hidden])").inner_text()
+    _shot(page, "05-trajectories")
+
+    # the experience bank: edit and pin an entry
+    page.goto(f"{server}/runs/{live.id}/bank/")
+    page.click("text=Walk to the stairs")
+    page.fill("#id_title", "Walk to the stairs (checked)")
+    page.click("#edit button[type=submit]")
+    page.wait_for_selector("text=Saved.")
+    page.click("#pin-button")
+    page.wait_for_selector("#pinned-tag")
+    entry = Experience.objects.get(pk=world["entries"][0].pk)
+    assert entry.title == "Walk to the stairs (checked)" and entry.pinned
+    assert list(entry.changes.values_list("kind", "actor").order_by("id")) == [
+        ("add", "extractor"),
+        ("update", "person"),
+        ("pin", "person"),
+    ]
+    _shot(page, "06-bank-entry")
+
+    # prune with a preview, then confirm
+    page.goto(f"{server}/runs/{live.id}/bank/")
+    page.check("#prune #id_never_retrieved")
+    page.click("#prune button[type=submit]")
+    page.wait_for_selector("#prune-preview")
+    assert "1 entry would be deleted" in page.inner_text("#prune-preview")
+    assert "Never used advice" in page.inner_text("#prune-preview")
+    _shot(page, "07-prune-preview")
+    page.click("#confirm-prune")
+    page.wait_for_selector("text=Pruned 1 entry")
+    assert Experience.objects.get(pk=world["entries"][1].pk).is_deleted
+    assert not Experience.objects.get(pk=world["entries"][0].pk).is_deleted
+    _shot(page, "08-bank-after-prune")
+
+    # compare two runs from the list, then download the CSV
+    page.goto(server + "/")
+    page.check(f"#run-row-{baseline.id} input[type=checkbox]")
+    page.check(f"#run-row-{live.id} input[type=checkbox]")
+    page.click("#compare-button")
+    page.wait_for_selector("#charts canvas")
+    assert page.locator("#charts .chart").count() >= 5
+    assert "grpo baseline" in page.inner_text("#eval-table") and "method" in page.inner_text("#config-diff")
+    _shot(page, "09-compare")
+    with page.expect_download() as info:
+        page.click("#csv-link")
+    rows = list(csv.DictReader(io.StringIO(open(info.value.path()).read())))
+    assert {r["run_name"] for r in rows} == {"grpo baseline", "complementary live"}
+    assert any(r["metric"] == "success" and r["step"] == "5" and r["value"] == "0.9" for r in rows)
