@@ -1,0 +1,156 @@
+"""The vLLM engine, for real on SmolLM2 (fp32): batches, raw log-probs, seeds, JSON output, weight sync.
+
+One engine serves the whole module (startup is the expensive part); the weight-update tests come
+last because they change what it serves.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from trainer.models import load_causal_lm
+from trainer.rollout import EngineError, GenerationRequest, make_engine, sequence_logprobs
+
+ENGINE_OPTIONS = {"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 256 << 20}
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    engine = make_engine("vllm", model_path, **ENGINE_OPTIONS)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def requests(chat):
+    return [
+        GenerationRequest(chat("What is 2+2?"), max_new_tokens=12, temperature=0.7, seed=1),
+        GenerationRequest(chat("Say hello."), max_new_tokens=24, temperature=1.0, top_p=0.9, seed=2),
+        GenerationRequest(chat("Name a colour."), max_new_tokens=5, temperature=0.0),
+    ]
+
+
+@pytest.fixture(scope="module")
+def generations(engine, requests):
+    return engine.generate(requests)
+
+
+def test_it_samples_a_batch_with_finish_reasons_and_the_stop_token_kept(requests, generations, tokenizer):
+    assert len(generations) == 3
+    for request, generation in zip(requests, generations, strict=True):
+        assert len(generation.token_ids) == len(generation.logprobs) <= request.max_new_tokens
+        assert generation.weight_version == 0
+        assert generation.text == tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        if generation.finish_reason == "length":
+            assert len(generation.token_ids) == request.max_new_tokens
+        else:
+            assert generation.finish_reason == "stop" and generation.token_ids[-1] == tokenizer.eos_token_id
+    assert generations[2].finish_reason == "length" and len(generations[2].token_ids) == 5
+
+
+def test_its_logprobs_match_the_trainer_recompute(engine, requests, generations):
+    trainer_model = load_causal_lm(engine.model_path)
+    with torch.no_grad():
+        recomputed = sequence_logprobs(
+            trainer_model, [r.prompt_ids for r in requests], [g.token_ids for g in generations]
+        )
+    for generation, want in zip(generations, recomputed, strict=True):
+        torch.testing.assert_close(torch.tensor(generation.logprobs), want, atol=1e-3, rtol=0)
+
+
+def test_it_agrees_with_the_transformers_engine_on_greedy_decoding(engine, model_path, chat):
+    greedy = GenerationRequest(chat("Count from one to ten in words."), max_new_tokens=10, temperature=0.0)
+    hf = make_engine("hf", model_path)
+    try:
+        (want,) = hf.generate([greedy])
+    finally:
+        hf.close()
+    (got,) = engine.generate([greedy])
+    assert got.token_ids == want.token_ids
+    # a stop token ends its own request only, and is kept
+    stop = want.token_ids[3]
+    first = want.token_ids.index(stop)
+    stopped, unaffected = engine.generate(
+        [GenerationRequest(**{**vars(greedy), "stop_token_ids": (stop,)}), greedy]
+    )
+    assert stopped.finish_reason == "stop" and stopped.token_ids == want.token_ids[: first + 1]
+    assert unaffected.token_ids == want.token_ids and unaffected.finish_reason == "length"
+
+
+def test_the_same_seed_gives_the_same_completion(engine, requests, generations):
+    again = engine.generate(requests)
+    assert [g.token_ids for g in again] == [g.token_ids for g in generations]
+    other_seed = GenerationRequest(**{**vars(requests[1]), "seed": 3})
+    assert engine.generate([other_seed])[0].token_ids != generations[1].token_ids
+
+
+def test_a_json_schema_constrains_the_output_to_valid_json(engine, chat):
+    schema = {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 40},
+            "rules": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 60},
+                "minItems": 1,
+                "maxItems": 2,
+            },
+        },
+        "required": ["title", "rules"],
+        "additionalProperties": False,
+    }
+    prompt = chat("Write a tip for making tea as JSON with a title and rules.")
+    (generation,) = engine.generate(
+        [GenerationRequest(prompt, max_new_tokens=160, seed=5, json_schema=schema)]
+    )
+    assert generation.finish_reason == "stop"
+    jsonschema.validate(json.loads(generation.text), schema)
+
+
+def test_it_names_an_option_vllm_does_not_know(model_path):
+    with pytest.raises(EngineError, match="bad option.*no_such_option"):
+        make_engine("vllm", model_path, no_such_option=1)
+
+
+def test_a_second_engine_runs_beside_the_first_and_closes_alone(engine, model_path, requests, generations):
+    with make_engine("vllm", model_path, warmup=False, **ENGINE_OPTIONS) as second:
+        assert second.generate(requests[2:])[0].token_ids == generations[2].token_ids
+    assert second.closed
+    assert engine.generate(requests[2:])[0].token_ids == generations[2].token_ids
+
+
+def test_after_a_trainer_step_the_engine_serves_the_new_weights(engine, requests, generations):
+    """Weight-sync parity: one AdamW step on the trainer model, then the engine's log-probs follow."""
+    prompts = [list(r.prompt_ids) for r in requests]
+    completions = [g.token_ids for g in generations]
+    trainer_model = load_causal_lm(engine.model_path)
+    optimizer = torch.optim.AdamW(trainer_model.parameters(), lr=1e-3)
+    loss = -torch.cat(sequence_logprobs(trainer_model, prompts, completions)).mean()
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        want = sequence_logprobs(trainer_model, prompts, completions)
+    before = engine.score(prompts, completions)
+    state_dict = trainer_model.state_dict()
+    # leave out the tied output layer on purpose: the engine must derive it from the embeddings
+    del state_dict["lm_head.weight"]
+    engine.update_weights(state_dict, version=1)
+
+    after = engine.score(prompts, completions)
+    for got, old, new in zip(after, before, want, strict=True):
+        torch.testing.assert_close(torch.tensor(got), new, atol=1e-3, rtol=0)
+        assert (torch.tensor(old) - new).abs().max() > 1e-2
+    resampled = engine.generate(requests[:1])[0]
+    with torch.no_grad():
+        (recomputed,) = sequence_logprobs(trainer_model, prompts[:1], [resampled.token_ids])
+    torch.testing.assert_close(torch.tensor(resampled.logprobs), recomputed, atol=1e-3, rtol=0)
+    assert engine.weight_version == resampled.weight_version == 1
+
+
+def test_it_refuses_a_weight_version_that_does_not_increase(engine):
+    with pytest.raises(EngineError, match="weight version 1 is not newer than the served version 1"):
+        engine.update_weights({}, version=1)
