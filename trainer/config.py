@@ -232,6 +232,10 @@ class ExtractorConfig(_Section):
     """Reweighting: otherwise its advantage is scaled by (1 + times trained)^(-alpha) [0.5]."""
     max_ops: int = 3
     """Most operations (Add / Update / Return) one distillation may emit [3]."""
+    max_new_tokens: int = 256
+    """Most tokens of one extractor answer (its JSON operations, merge plan or advice)."""
+    trajectory_chars: int = 2400
+    """Characters of trajectory shown to the extractor per distillation; the earliest turns go first."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value before each optimiser step."""
     micro_batch_size: int = 8
@@ -250,6 +254,8 @@ class ExtractorConfig(_Section):
         _at_least("delta", self.delta, 0)
         _non_negative("alpha", self.alpha)
         _at_least("max_ops", self.max_ops, 1)
+        _at_least("max_new_tokens", self.max_new_tokens, 16)
+        _at_least("trajectory_chars", self.trajectory_chars, 200)
         _positive("grad_clip", self.grad_clip)
         _at_least("micro_batch_size", self.micro_batch_size, 1)
         _one_of("policy_loss", self.policy_loss, losses.POLICY_LOSSES)
@@ -544,7 +550,14 @@ PRESETS: dict[str, RunConfig] = {
         eval_episodes=8,
         checkpoint_every=10,
         actor=ActorConfig(lr=1e-5, micro_batch_size=4, gradient_checkpointing=False),
-        extractor=ExtractorConfig(lr=1e-5, buffer_size=8, micro_batch_size=4, gradient_checkpointing=False),
+        extractor=ExtractorConfig(
+            lr=1e-5,
+            buffer_size=8,
+            micro_batch_size=4,
+            gradient_checkpointing=False,
+            max_new_tokens=160,
+            trajectory_chars=1200,
+        ),
         experience=ExperienceConfig(warmup_steps=2, capacity=2000),
         rollout=RolloutConfig(max_new_tokens=48, turn_limit=8, context_tokens=2048, kv_cache_gib=1.0),
     ),
