@@ -266,3 +266,33 @@ def bank_entry(run: Run, entry_id: int) -> Any:
     from experience.models import Experience
 
     return get_object_or_404(Experience.objects.defer("embedding"), pk=entry_id, run=run)
+
+
+def banks_overview(user) -> list[Run]:
+    """Visible runs that have a bank, with its live size, biggest first."""
+    from django.db.models import Count
+
+    live = Q(experiences__deleted_at__isnull=True)
+    qs = Run.objects.visible_to(user).annotate(bank_size=Count("experiences", filter=live))
+    return list(qs.filter(bank_size__gt=0).select_related("owner").order_by("-bank_size", "-id")[:200])
+
+
+def bank_search_across(
+    runs: list[Run], q: str, *, mode: str = "semantic", limit: int = 30
+) -> list[tuple[Run, Any]]:
+    """The best matches for ``q`` over several runs' banks (each searched with the bank's own selector)."""
+    from experience import selectors as bank
+    from experience.embedding import default_embedder
+
+    hits: list[tuple[float, Run, Any]] = []
+    embedder = default_embedder() if mode == "semantic" else None
+    for run in runs:
+        if mode == "semantic":
+            hits += [
+                (e.similarity, run, e)
+                for e in bank.experience_semantic_search(run, q, limit=limit, embedder=embedder)
+            ]
+        else:
+            hits += [(e.rank, run, e) for e in bank.experience_text_search(run, q, limit=limit)]
+    hits.sort(key=lambda h: -h[0])
+    return [(run, e) for _, run, e in hits[:limit]]

@@ -12,6 +12,7 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel/", views_runs.run_cancel_view, name="run_cancel"),
     path("runs/<int:run_id>/resume/", views_runs.run_resume_view, name="run_resume"),
     path("runs/<int:run_id>/episodes/", views_inspect.run_inspect, name="run_inspect"),
+    path("bank/", views_bank.banks, name="banks"),
     path("runs/<int:run_id>/bank/", views_bank.bank, name="bank"),
     path("runs/<int:run_id>/bank/<int:entry_id>/", views_bank.bank_entry_view, name="bank_entry"),
     path("runs/<int:run_id>/bank/<int:entry_id>/pin/", views_bank.bank_pin, name="bank_pin"),

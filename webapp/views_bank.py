@@ -18,7 +18,7 @@ from experience.bank import BankError
 from experience.models import ExperienceChange, Merge
 from webapp.forms import BankSearchForm, ExperienceForm, ImportForm, PruneForm
 from webapp.models import Run
-from webapp.selectors import bank_entries, bank_entry, run_get
+from webapp.selectors import bank_entries, bank_entry, bank_search_across, banks_overview, run_get
 from webapp.services import can_edit_bank
 
 
@@ -187,3 +187,13 @@ def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
             request, "Nothing was imported: " + " ".join(e for es in form.errors.values() for e in es)
         )
     return redirect("bank", run_id=run.id)
+
+
+def banks(request: HttpRequest) -> HttpResponse:
+    """Every bank this user may see, and a search across all of them."""
+    form = BankSearchForm(request.GET)
+    runs = banks_overview(request.user)
+    data = form.cleaned_data if form.is_valid() else {}
+    q = data.get("q", "")
+    hits = bank_search_across(runs, q, mode=data.get("mode") or "semantic") if q else []
+    return render(request, "webapp/banks.html", {"form": form, "runs": runs, "hits": hits, "q": q})

@@ -292,3 +292,20 @@ def test_merge_history_lists_merges_and_an_editor_can_undo_one(client, editor, r
     client.post(reverse("bank_merge_undo", args=[run.id, merge.id]))
     a.refresh_from_db()
     assert a.title == "Open doors with keys"
+
+
+def test_the_banks_page_lists_visible_banks_and_searches_across_them(
+    client, editor, other_user, run, entries, embedder
+):
+    theirs = Run.objects.create(name="their private bank", owner=other_user)
+    _add(theirs, "Open the locked door", "Secret advice about doors.", embedder)
+    shared = Run.objects.create(name="shared bank", owner=other_user, shared=True)
+    _add(shared, "Unlock doors", "Use the key on the door to unlock it.", embedder)
+    client.force_login(editor)
+    page = client.get(reverse("banks")).content.decode()
+    assert "bank run" in page and "shared bank" in page and "their private bank" not in page
+    found = client.get(reverse("banks"), {"q": "how do I open a locked door"}).content.decode()
+    results = found[found.index('id="search-results"') : found.index('id="bank-runs"')]
+    assert "Unlock doors" in results and "Open doors with keys" in results and "Secret advice" not in results
+    text = client.get(reverse("banks"), {"q": "monster", "mode": "text"}).content.decode()
+    assert "Avoid the monster" in text[text.index('id="search-results"') :]
