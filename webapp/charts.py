@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_POINTS = 1000
-"""Most points per series sent to a browser: long runs are averaged into this many step buckets."""
+"""Most points per series sent to a browser: long runs are thinned to one row per bucket of steps."""
 
 
 @dataclass(frozen=True)

@@ -306,17 +306,20 @@ def test_the_run_page_shows_curves_config_environment_and_errors_to_the_owner(cl
     assert data["cursor"] == MetricRow.objects.latest("id").id
 
 
-def test_long_runs_are_averaged_into_buckets_on_the_server(client, user):
+def test_long_runs_are_thinned_on_the_server_to_a_row_per_bucket_and_the_newest(client, user):
     run = _run(user)
     MetricRow.objects.bulk_create(
-        MetricRow(run=run, step=s, wall_time=float(s), values={"success": float(s % 2)}) for s in range(3000)
+        MetricRow(run=run, step=s, wall_time=float(s), values={"success": s / 10000}) for s in range(3001)
     )
     client.force_login(user)
     page = client.get(reverse("run_detail", args=[run.id])).content.decode()
-    train = json.loads(page.split('type="application/json">')[1].split("</script>")[0])["series"]["train"]
-    assert train["bucket"] == 3 and len(train["step"]) == 1000
-    assert train["step"][:2] == [2, 5] and train["step"][-1] == 2999
-    assert train["values"]["success"][:2] == [pytest.approx(1 / 3), pytest.approx(2 / 3)]
+    data = json.loads(page.split('type="application/json">')[1].split("</script>")[0])
+    train = data["series"]["train"]
+    assert train["bucket"] == 4 and len(train["step"]) == 751
+    assert train["step"][:2] == [3, 7] and train["step"][-2:] == [2999, 3000]
+    assert train["values"]["success"][:2] == [0.0003, 0.0007]
+    assert data["cursor"] == MetricRow.objects.latest("id").id
+    assert "one point every 4 steps" in page
 
 
 def test_run_page_visibility(client, user, other_user):
