@@ -1,0 +1,428 @@
+"""Complementary RL: the actor's loop with the experience bank and the extractor's background track
+(DESIGN §3.4, §3.5). One code path for every method; the config's derived switches decide what runs:
+
+| method          | actor trains | extractor trains | experience used |
+| grpo            | yes          | no               | never (plain ``TrainingLoop``)  |
+| static_online   | yes          | no (frozen πϕ keeps the bank online) | yes |
+| exp_only        | no           | yes              | yes |
+| complementary   | yes          | yes              | yes |
+
+``CoevolutionLoop`` is the actor's ``TrainingLoop`` with three seams filled:
+
+- ``retrieve``: guided rollouts get the top-1 entry of their scope (``BankRetriever``); during the first
+  ``experience.warmup_steps`` actor steps nothing is retrieved and the bank fills from distillation;
+- an intercept (``SearchAndAsk``): a guided episode may write ``<search>question</search>`` (at most
+  ``experience.search_and_ask_max`` times); the runner does not step the env, the store retrieves and πϕ
+  refines, and the answer is the next observation (masked out of the actor's loss like every observation);
+- right after each rollout the episodes go to the ``ExtractorTrack`` (distillation, credit, CISPO), which
+  works on its own thread while the actor updates: the actor never waits for it. Merges are requested
+  every ``experience.merge_every`` steps.
+
+Evaluation reports both columns, with and without experience (``trainer.evaluate``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.config import ConfigError, RunConfig
+from trainer.envs.base import make_mixture
+from trainer.evaluate import evaluate
+from trainer.extractor.credit import CreditBuffer
+from trainer.extractor.model import DistilRequest, Extractor, SerialEngine
+from trainer.extractor.prompts import Step
+from trainer.extractor.track import Credit, ExtractorTrack
+from trainer.extractor.update import ExtractorUpdate
+from trainer.loop import Metrics, TrainingLoop
+from trainer.report import BaseReporter, Reporter
+from trainer.rollout.base import Engine
+from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
+from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
+
+TOOL_NOTE = (
+    "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
+    "<search>your question</search>. At most {limit} questions per episode."
+)
+SEARCH_TAG = re.compile(r"<search>(.*?)(?:</search>|$)", re.DOTALL | re.IGNORECASE)
+
+
+def scope_for(cfg: RunConfig, env_name: str) -> str:
+    """The bank scope an env retrieves from and distils into."""
+    return SHARED_SCOPE if cfg.experience.scope == "shared" else env_name
+
+
+def scopes_of(cfg: RunConfig) -> list[str]:
+    return list(dict.fromkeys(scope_for(cfg, name) for name in make_mixture(cfg.env).names))
+
+
+def episode_id(tag: str, spec: EpisodeSpec) -> str:
+    """A run-unique id of an episode: its step tag and what makes it distinct within the step."""
+    return f"{tag}/{spec.env_name}/{spec.seed}/{spec.group}/{spec.sample_seed}"
+
+
+def on_trace(reporter: Reporter, step: int, trace: Mapping[str, Any]) -> None:
+    """Hand a Search-and-Ask trace to reporters that take traces (``on_trace``); others skip it."""
+    hook = getattr(reporter, "on_trace", None)
+    if hook is not None:
+        hook(step, trace)
+
+
+class BankRetriever:
+    """The runner's ``Retriever`` over an experience store: top-k of each query's scope, or nothing while
+    ``active`` is False (warm-up). Remembers the entries it handed out, for distillation (``Update``)."""
+
+    def __init__(self, store: ExperienceStore, cfg: RunConfig, *, tool_note: str = "") -> None:
+        self.store = store
+        self.cfg = cfg
+        self.tool_note = tool_note
+        self.active = True
+        self.entries: dict[int, Entry] = {}
+        self.seconds = 0.0
+        self.queries = 0
+
+    def __call__(self, queries: Sequence[RetrievalQuery]) -> list[Experience | None]:
+        if not self.active:
+            return [None] * len(queries)
+        t0 = time.perf_counter()
+        by_scope: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_scope.setdefault(scope_for(self.cfg, q.env_name), []).append(i)
+        found: list[list[Entry]] = [[] for _ in queries]
+        for scope, idx in by_scope.items():
+            results = self.store.retrieve([queries[i].text for i in idx], scope, k=self.cfg.experience.top_k)
+            for i, entries in zip(idx, results, strict=True):
+                found[i] = entries
+        out: list[Experience | None] = []
+        for entries in found:
+            for e in entries:
+                self.entries[e.id] = e
+            parts = [e.text for e in entries] + ([self.tool_note] if self.tool_note else [])
+            out.append(Experience("\n\n".join(parts), entries[0].id if entries else None) if parts else None)
+        self.seconds += time.perf_counter() - t0
+        self.queries += len(queries)
+        return out
+
+
+class SearchAndAsk:
+    """The runner's intercept for Search-and-Ask (DESIGN §3.3): see the module docstring."""
+
+    def __init__(
+        self, store: ExperienceStore, extractor: Extractor, cfg: RunConfig, reporter: Reporter
+    ) -> None:
+        self.store = store
+        self.extractor = extractor
+        self.cfg = cfg
+        self.reporter = reporter
+        self.limit = cfg.search_and_ask_limit
+        self.step = 0
+        self.refinements: dict[str, list[Generation]] = {}
+        """Refinement generations per episode id, credited by the episode's outcome."""
+        self.exchanges = 0
+        self.seconds = 0.0
+
+    def __call__(self, state: EpisodeState, text: str) -> str | None:
+        match = SEARCH_TAG.search(text)
+        if match is None or not state.spec.guided or state.experience is None:
+            return None
+        if sum(t.intercepted for t in state.turns) >= self.limit:
+            return None  # over the limit: the text goes to the env as an action
+        query = match.group(1).strip() or state.goal
+        t0 = time.perf_counter()
+        ep = episode_id(str(self.step), state.spec)
+        scope = scope_for(self.cfg, state.spec.env_name)
+        made: list[Refinement] = []
+
+        def refine(question: str, entry: Entry | None) -> Refinement:
+            made.append(self.extractor.refine_fn(question, entry))
+            return made[-1]
+
+        result = self.store.search_and_ask(query, scope, refine, episode_id=ep, step=self.step)
+        self.seconds += time.perf_counter() - t0
+        self.exchanges += 1
+        # the store keeps the refinement's generation too; we credit it once the episode has ended
+        self.refinements.setdefault(ep, []).extend(r.generation for r in made if r.generation is not None)
+        on_trace(
+            self.reporter,
+            self.step,
+            {
+                "kind": "search_and_ask",
+                "exchange_id": result.exchange_id,
+                "episode_id": ep,
+                "turn": len(state.turns),
+                "query": query,
+                "entry_id": result.entry.id if result.entry else None,
+                "entry_title": result.entry.title if result.entry else "",
+                "answer": result.text,
+                "extractor_version": self.extractor.expected_version,
+            },
+        )
+        return f"Experience bank answer to '{query[:200]}':\n{result.text}"
+
+
+class _Runner:
+    """The loop's runner with the Search-and-Ask intercept and a hook that sees each finished batch."""
+
+    def __init__(self, inner: Any, intercept: SearchAndAsk | None, on_batch: Any) -> None:
+        self.inner = inner
+        self.intercept = intercept
+        self.on_batch = on_batch
+
+    def run(self, specs: Sequence[EpisodeSpec], **options: Any):
+        if self.intercept is not None:
+            options.setdefault("intercept", self.intercept)
+        episodes, stats = self.inner.run(specs, **options)
+        self.on_batch(episodes)
+        return episodes, stats
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Reporter(BaseReporter):
+    """Adds the extractor track's metrics to every step report; passes everything through."""
+
+    def __init__(self, inner: Reporter, loop: CoevolutionLoop) -> None:
+        self.inner = inner
+        self.loop = loop
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self.inner.on_start(total_steps, start_step)
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.inner.on_step(step, {**metrics, **self.loop.experience_metrics()})
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.inner.on_eval(step, metrics)
+
+    def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
+        self.inner.on_episode_batch(step, episodes)
+
+    def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
+        on_trace(self.inner, step, trace)
+
+    def should_stop(self) -> bool:
+        return self.inner.should_stop()
+
+
+@dataclass
+class CoevolutionLoop(TrainingLoop):
+    """``TrainingLoop`` plus the experience machinery (see the module docstring)."""
+
+    store: ExperienceStore | None = None
+    extractor: Extractor | None = None
+    extractor_update: ExtractorUpdate | None = None
+    """None when πϕ is frozen (static_online)."""
+    track: ExtractorTrack = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.cfg
+        if self.store is None or self.extractor is None:
+            raise ConfigError(f"method {cfg.method!r} needs an experience store and an extractor")
+        super().__post_init__()
+        self.reporter = _Reporter(self.reporter, self)
+        self.step = 0
+        limit = cfg.search_and_ask_limit
+        self.tool = SearchAndAsk(self.store, self.extractor, cfg, self.reporter) if limit else None
+        note = TOOL_NOTE.format(limit=limit) if limit else ""
+        self.retriever = BankRetriever(self.store, cfg, tool_note=note)
+        self.retrieve = self.retriever
+        self.eval_retriever = BankRetriever(self.store, cfg)
+        self.runner = _Runner(self.runner, self.tool, self._submit)
+        buffer = CreditBuffer(
+            cfg.extractor.buffer_size,
+            delta=cfg.extractor.delta,
+            alpha=cfg.extractor.alpha,
+            reweight=cfg.reweights,
+        )
+        self.track = ExtractorTrack(
+            self.extractor,
+            self.store,
+            buffer,
+            scopes=scopes_of(cfg),
+            update=self.extractor_update,
+            warmup_steps=cfg.experience.warmup_steps,
+        )
+
+    def run(self) -> Metrics:
+        try:
+            last = super().run()
+            self.track.drain()
+            return last | self.experience_metrics()
+        finally:
+            self.track.close(timeout=60)
+
+    def train_step(self, step: int) -> Metrics:
+        self.step = step
+        self.retriever.active = step > self.cfg.experience.warmup_steps
+        if self.tool is not None:
+            self.tool.step = step
+        metrics = super().train_step(step)
+        if self.cfg.merges and step % self.cfg.experience.merge_every == 0:
+            self.track.request_merge(step)
+        return metrics
+
+    def _submit(self, episodes: Sequence[Episode]) -> None:
+        """Right after a training rollout: distillation requests and credits to the background track."""
+        requests, credits = [], []
+        for e in episodes:
+            ep = episode_id(str(self.step), e.spec)
+            entry_id = e.experience.entry_id if e.experience else None
+            requests.append(
+                DistilRequest(
+                    episode_id=ep,
+                    scope=scope_for(self.cfg, e.spec.env_name),
+                    goal=e.goal,
+                    steps=tuple(Step(t.observation, t.action_text) for t in e.turns),
+                    success=e.success,
+                    reward=e.reward,
+                    retrieved=self.retriever.entries.get(entry_id) if entry_id is not None else None,
+                    step=self.step,
+                )
+            )
+            refinements = self.tool.refinements.pop(ep, []) if self.tool else []
+            if entry_id is not None or refinements:
+                credits.append(Credit(ep, e.success, entry_id=entry_id))
+            credits += [Credit(ep, e.success, generation=g) for g in refinements]
+        self.track.submit(self.step, requests, credits)
+
+    def experience_metrics(self) -> Metrics:
+        metrics = self.track.metrics()
+        metrics["experience/retrieve_s"] = self.retriever.seconds
+        metrics["experience/retrieval_active"] = float(self.retriever.active)
+        if self.tool is not None:
+            metrics["experience/search_and_ask"] = float(self.tool.exchanges)
+            metrics["experience/search_and_ask_s"] = self.tool.seconds
+        return metrics
+
+    def evaluate(self, step: int) -> Metrics:
+        metrics = evaluate(
+            self.eval_runner, self.cfg.env, self.cfg.eval_episodes, retrieve=self.eval_retriever
+        )
+        self.reporter.on_eval(step, metrics)
+        return metrics
+
+    def checkpoint(self, step: int) -> Path:
+        path = super().checkpoint(step)
+        if self.extractor_update is not None:
+            with self.track.update_lock:
+                self.extractor_update.model.save_pretrained(path / "extractor", safe_serialization=True)
+            self.extractor.tokenizer.save_pretrained(path / "extractor")
+            (path / "extractor" / "version.json").write_text(
+                json.dumps({"weight_version": self.extractor.expected_version})
+            )
+        return path
+
+
+def build_extractor_engine(cfg: RunConfig) -> Engine:
+    """πϕ's inference engine, configured like the actor's (``cfg.rollout``) but for the extractor model."""
+    from trainer.rollout.base import make_engine
+
+    r = cfg.rollout
+    if r.engine == "vllm":
+        return make_engine(
+            "vllm",
+            cfg.extractor.model_path,
+            dtype=r.dtype,
+            max_model_len=r.context_tokens,
+            kv_cache_memory_bytes=int(r.kv_cache_gib * 2**30),
+            seed=cfg.seed + 1,
+        )
+    return make_engine("hf", cfg.extractor.model_path, dtype=r.dtype)
+
+
+def train(
+    cfg: RunConfig,
+    *,
+    store: ExperienceStore | None,
+    out_dir: Path,
+    resume: Path | None = None,
+    reporter: Reporter | None = None,
+    engine: Engine | None = None,
+    extractor_engine: Engine | None = None,
+) -> tuple[Metrics, TrainingLoop]:
+    """Train ``cfg`` with any method. ``store``: the run's experience bank (needed unless the method is grpo).
+    ``engine`` / ``extractor_engine``: reuse running engines (else built from the config, closed at the end).
+    Returns the last metrics and the loop, like ``trainer.train.train``."""
+    from trainer import train as plain
+    from trainer.actor import ActorUpdate
+    from trainer.checkpoint import check_resumable, load_checkpoint, read_checkpoint
+    from trainer.models import load_causal_lm, load_tokenizer
+    from trainer.report import ConsoleReporter, JsonlReporter, Reporters
+
+    if not cfg.uses_experience:
+        if cfg.method not in plain.SUPPORTED_METHODS:
+            raise ConfigError(f"method {cfg.method!r} is not supported")
+        return plain.train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, engine=engine)
+    if store is None:
+        raise ConfigError(f"method {cfg.method!r} uses the experience bank: pass an experience store")
+    make_mixture(cfg.env)
+    state = None
+    if resume is not None:
+        state = read_checkpoint(Path(resume))
+        check_resumable(state.config, cfg)
+        if state.step >= cfg.steps:
+            raise ConfigError(
+                f"the checkpoint is at step {state.step} already; pass --steps above it to go on"
+            )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+
+    plain.seed_everything(cfg.seed)
+    tokenizer = load_tokenizer(cfg.actor.model_path)
+    model = load_causal_lm(cfg.actor.model_path)
+    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
+    if state is not None:
+        load_checkpoint(state, model=model, optimizer=actor.optimizer)
+    x_tokenizer = load_tokenizer(cfg.extractor.model_path)
+    x_update = None
+    if cfg.extractor_trains:
+        x_path = (
+            state.path / "extractor" if state is not None and (state.path / "extractor").exists() else None
+        )
+        x_update = ExtractorUpdate(load_causal_lm(x_path or cfg.extractor.model_path), cfg.extractor)
+
+    own_engine, own_x_engine = engine is None, extractor_engine is None
+    engine = plain.build_engine(cfg) if engine is None else engine
+    try:
+        extractor_engine = build_extractor_engine(cfg) if extractor_engine is None else extractor_engine
+        if state is not None or engine.weight_version != 0:
+            actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
+        x = cfg.extractor
+        extractor = Extractor(
+            extractor_engine,
+            x_tokenizer,
+            max_new_tokens=x.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            max_ops=x.max_ops,
+            trajectory_chars=x.trajectory_chars,
+        )
+        if x_update is not None and (extractor_engine.weight_version != 0 or state is not None):
+            x_update.sync(extractor)
+        reporter = reporter or Reporters(ConsoleReporter(), JsonlReporter(out_dir / "metrics.jsonl"))
+        loop = CoevolutionLoop(
+            cfg,
+            engine=SerialEngine(engine),  # type: ignore[arg-type]
+            model=model,
+            tokenizer=tokenizer,
+            out_dir=out_dir,
+            reporter=reporter,
+            actor=actor,
+            start_step=state.step + 1 if state else 1,
+            store=store,
+            extractor=extractor,
+            extractor_update=x_update,
+        )
+        return loop.run(), loop
+    finally:
+        if own_x_engine and extractor_engine is not None:
+            extractor_engine.close()
+        if own_engine:
+            engine.close()

@@ -1,0 +1,142 @@
+"""Evaluation with and without experience (DESIGN §3.5: the paper's two columns).
+
+Greedy episodes on the first ``episodes`` instances of each environment's frozen eval split, played twice:
+without experience (``eval/...``) and with the top-1 retrieved entry injected into the system prompt
+(``eval/with_exp/...``). Reported per environment for mixtures and averaged over environments (each env
+weighs the same, whatever its number of eval instances): success rate, mean action count, mean reward.
+
+``evaluate_checkpoint(path)`` evaluates a saved actor; ``manage.py evaluate <checkpoint>`` wraps it.
+Search-and-Ask is not used in evaluation: the "with experience" column measures retrieval alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainer.envs.base import make_env, make_mixture
+from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
+
+Metrics = dict[str, float]
+EVAL_TEMPERATURE = 0.0
+WITH_EXP = "with_exp/"
+
+
+def eval_specs(env_name: str, episodes: int, *, guided: bool) -> list[EpisodeSpec]:
+    """The first ``episodes`` instances of the env's eval split (all of them when the split is smaller)."""
+    size = make_env(env_name, split="eval").num_instances()
+    n = min(episodes, size) if size else episodes
+    return [EpisodeSpec(env_name, seed, group=seed, guided=guided) for seed in range(n)]
+
+
+def column_metrics(per_env: dict[str, list[Episode]], prefix: str) -> Metrics:
+    """Success, actions and reward per env (mixtures only) and averaged over envs, under ``prefix``."""
+    metrics: Metrics = {}
+    rows = {}
+    for name, episodes in per_env.items():
+        n = max(len(episodes), 1)
+        rows[name] = {
+            "success": sum(e.success for e in episodes) / n,
+            "actions": sum(e.num_actions for e in episodes) / n,
+            "reward": sum(e.reward for e in episodes) / n,
+            "episodes": float(len(episodes)),
+        }
+        if len(per_env) > 1:
+            metrics |= {f"{prefix}{name}/{k}": v for k, v in rows[name].items()}
+    for key in ("success", "actions", "reward"):
+        metrics[f"{prefix}{key}"] = sum(r[key] for r in rows.values()) / max(len(rows), 1)
+    metrics[f"{prefix}episodes"] = sum(r["episodes"] for r in rows.values())
+    return metrics
+
+
+def evaluate(
+    runner: EpisodeRunner,
+    env: str,
+    episodes: int,
+    *,
+    retrieve: Retriever | None = None,
+) -> Metrics:
+    """Both columns for ``env`` (a name or a mixture): without experience, and with it when ``retrieve`` is
+    given. ``runner`` should be an eval-split runner (``EpisodeRunner(..., split="eval")``)."""
+    t0 = time.perf_counter()
+    names = make_mixture(env).names
+    columns: list[tuple[str, bool]] = [("eval/", False)]
+    if retrieve is not None:
+        columns.append(("eval/" + WITH_EXP, True))
+    metrics: Metrics = {}
+    for prefix, guided in columns:
+        per_env: dict[str, list[Episode]] = {}
+        for name in names:
+            specs = eval_specs(name, episodes, guided=guided)
+            per_env[name], _ = runner.run(
+                specs, retrieve=retrieve if guided else None, temperature=EVAL_TEMPERATURE
+            )
+        metrics |= column_metrics(per_env, prefix)
+    if retrieve is not None:
+        metrics["eval/exp_gain"] = metrics["eval/" + WITH_EXP + "success"] - metrics["eval/success"]
+    metrics["eval/time_s"] = time.perf_counter() - t0
+    return metrics
+
+
+def evaluate_checkpoint(
+    path: Path | str,
+    *,
+    env: str | None = None,
+    episodes: int | None = None,
+    retrieve: Retriever | None = None,
+    engine_name: str | None = None,
+) -> Metrics:
+    """Evaluate the actor saved in checkpoint ``path`` (a checkpoint folder or a run folder: its latest).
+
+    ``env`` and ``episodes`` default to the run's config; ``retrieve`` (e.g. ``BankRetriever`` over the
+    run's ``ExperienceManager``) adds the with-experience column. Builds and closes its own engine.
+    """
+    from trainer.checkpoint import read_checkpoint
+    from trainer.models import load_tokenizer
+    from trainer.rollout.base import make_engine
+
+    state = read_checkpoint(Path(path))
+    cfg = state.config
+    actor_dir = state.path / "actor"
+    r = cfg.rollout
+    name = engine_name or r.engine
+    options = (
+        dict(dtype=r.dtype, max_model_len=r.context_tokens, kv_cache_memory_bytes=int(r.kv_cache_gib * 2**30))
+        if name == "vllm"
+        else dict(dtype=r.dtype)
+    )
+    engine = make_engine(name, actor_dir, **options)
+    runner = EpisodeRunner(
+        engine,
+        load_tokenizer(actor_dir),
+        split="eval",
+        max_new_tokens=r.max_new_tokens,
+        turn_limit=r.turn_limit,
+        context_tokens=r.context_tokens,
+    )
+    try:
+        metrics = evaluate(runner, env or cfg.env, episodes or cfg.eval_episodes, retrieve=retrieve)
+    finally:
+        runner.close()
+        engine.close()
+    metrics["eval/checkpoint_step"] = float(state.step)
+    return metrics
+
+
+def summary_table(metrics: Metrics, names: Sequence[str] = ()) -> str:
+    """The two columns as a small text table (success rate and mean actions, with / without experience)."""
+    lines = [f"{'env':<28} {'success w/o':>11} {'success w/':>10} {'actions w/o':>11} {'actions w/':>10}"]
+    for name in [*names, ""]:
+        key = f"{name}/" if name else ""
+
+        def get(col: str, k: str, key: str = key) -> str:
+            v = metrics.get(f"eval/{col}{key}{k}")
+            return f"{v:.3f}" if v is not None else "-"
+
+        label = name or "mean"
+        lines.append(
+            f"{label:<28} {get('', 'success'):>11} {get(WITH_EXP, 'success'):>10} "
+            f"{get('', 'actions'):>11} {get(WITH_EXP, 'actions'):>10}"
+        )
+    return "\n".join(lines)

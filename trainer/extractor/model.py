@@ -1,0 +1,249 @@
+"""The extractor πϕ at inference: its three jobs as batched engine calls, with every answer kept as a
+``Generation`` (prompt, response ids, old log-probs, weight version) for credit assignment (DESIGN §3.2).
+
+``Extractor.distil`` turns finished episodes into store operations; ``Extractor.merge_fn`` and
+``Extractor.refine_fn`` are the store's ``MergeFn`` and ``RefineFn``. Structured outputs (a JSON schema
+per job) are used when the engine supports them (vLLM); the parsers are lenient either way, and every
+unparseable answer is counted in ``Extractor.stats`` rather than raised.
+
+In-process vLLM engines share process-wide state (the forward context), so two of them must not run a
+step at the same time: every engine call here holds ``ENGINE_LOCK``, and ``SerialEngine`` wraps the
+actor's engine so that its calls take the same lock. A call waits for at most one batch of the other
+model, never for a queue of work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.extractor import parsing
+from trainer.extractor import prompts as xp
+from trainer.rollout.base import Engine, GenerationRequest
+from trainer.store import Add, Entry, Generation, MergePlan, Op, Refinement, Return, Update
+
+ENGINE_LOCK = threading.RLock()
+"""Serialises steps of the engines that live in this process (actor and extractor)."""
+
+
+class StaleExtractorError(RuntimeError):
+    """The extractor engine serves other weights than the trainer last synced to it."""
+
+
+class SerialEngine:
+    """An engine whose calls hold ``ENGINE_LOCK``; everything else is the wrapped engine's."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.inner = engine
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list:
+        with ENGINE_LOCK:
+            return self.inner.generate(requests)
+
+    def score(self, prompt_ids_list: Sequence[Sequence[int]], completion_ids_list: Sequence[Sequence[int]]):
+        with ENGINE_LOCK:
+            return self.inner.score(prompt_ids_list, completion_ids_list)
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        with ENGINE_LOCK:
+            self.inner.update_weights(state_dict, version)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@dataclass(frozen=True)
+class DistilRequest:
+    """A finished episode queued for distillation."""
+
+    episode_id: str
+    scope: str
+    goal: str
+    steps: tuple[xp.Step, ...]
+    success: bool
+    reward: float
+    retrieved: Entry | None = None
+    """The entry that guided the episode (an ``update`` rewrites it), or None."""
+    step: int = 0
+    """The actor step the episode belongs to."""
+
+
+@dataclass
+class DistilResult:
+    request: DistilRequest
+    generation: Generation
+    ops: list[Op]
+    """Store operations (Add / Update / Return) carrying ``generation``; empty when unparseable."""
+    parsed: parsing.Parsed
+
+
+@dataclass
+class ExtractorStats:
+    """Counters of the extractor's calls, answers and parse failures, by job."""
+
+    calls: Counter = field(default_factory=Counter)
+    unparseable: Counter = field(default_factory=Counter)
+    dropped_items: Counter = field(default_factory=Counter)
+    repaired: Counter = field(default_factory=Counter)
+    ops: Counter = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    """The last few unparseable answers (job: text), for people to read."""
+
+    def record(self, job: str, parsed: parsing.Parsed, raw: str) -> None:
+        self.calls[job] += 1
+        self.dropped_items[job] += len(parsed.errors) if parsed.ok else 0
+        self.repaired[job] += parsed.repaired
+        if not parsed.ok:
+            self.unparseable[job] += 1
+            self.failures = [*self.failures[-9:], f"{job}: {raw[:300]}"]
+
+    def as_metrics(self, prefix: str = "extractor/") -> dict[str, float]:
+        out: dict[str, float] = {}
+        for job in ("distil", "merge", "refine"):
+            out[f"{prefix}{job}_calls"] = float(self.calls[job])
+            out[f"{prefix}{job}_unparseable"] = float(self.unparseable[job])
+        for kind in ("add", "update", "return"):
+            out[f"{prefix}ops_{kind}"] = float(self.ops[kind])
+        out[f"{prefix}parse_failures"] = float(sum(self.unparseable.values()))
+        return out
+
+
+class Extractor:
+    """πϕ's three jobs over one inference engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_ops: int = 3,
+        trajectory_chars: int = 2400,
+        structured: bool | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_ops = max_ops
+        self.trajectory_chars = trajectory_chars
+        self.structured = engine.name == "vllm" if structured is None else structured
+        self.expected_version = engine.weight_version
+        """The version the trainer last synced; a generation stamped otherwise is stale."""
+        self.stats = ExtractorStats()
+        self._stats_lock = threading.Lock()
+
+    # ---- engine calls ------------------------------------------------------------------------
+
+    def prompt_text(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Token ids of a chat-formatted prompt: what the engine saw and what the update scores."""
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def generate(
+        self, chats: Sequence[Sequence[Mapping[str, str]]], schemas: Sequence[Mapping[str, Any]]
+    ) -> list[Generation]:
+        """One batched call; each answer comes back as a ``Generation`` stamped with the weight version."""
+        texts = [self.prompt_text(m) for m in chats]
+        requests = [
+            GenerationRequest(
+                prompt_ids=tuple(self.prompt_ids(t)),
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                json_schema=schema if self.structured else None,
+            )
+            for t, schema in zip(texts, schemas, strict=True)
+        ]
+        with ENGINE_LOCK:
+            outputs = self.engine.generate(requests)
+        for out in outputs:
+            if out.weight_version != self.expected_version:
+                raise StaleExtractorError(
+                    f"the extractor engine answered with weight version {out.weight_version}, but the "
+                    f"trainer last synced version {self.expected_version}: it serves stale weights"
+                )
+        return [
+            Generation(
+                prompt=t,
+                response=out.text,
+                token_ids=tuple(out.token_ids),
+                logprobs=tuple(out.logprobs),
+                weight_version=out.weight_version,
+            )
+            for t, out in zip(texts, outputs, strict=True)
+        ]
+
+    def _record(self, job: str, parsed: parsing.Parsed, raw: str, ops: Sequence[Op] = ()) -> None:
+        with self._stats_lock:
+            self.stats.record(job, parsed, raw)
+            for op in ops:
+                self.stats.ops[op.kind] += 1
+
+    def snapshot_stats(self) -> dict[str, float]:
+        with self._stats_lock:
+            return self.stats.as_metrics()
+
+    # ---- the three jobs ----------------------------------------------------------------------
+
+    def distil(self, requests: Sequence[DistilRequest]) -> list[DistilResult]:
+        """Operations for each finished episode, in one engine call."""
+        if not requests:
+            return []
+        chats = [
+            xp.distil_messages(
+                r.goal,
+                r.steps,
+                r.success,
+                r.reward,
+                r.retrieved,
+                max_ops=self.max_ops,
+                budget_chars=self.trajectory_chars,
+            )
+            for r in requests
+        ]
+        schemas = [xp.distil_schema(self.max_ops, r.retrieved is not None) for r in requests]
+        results = []
+        for r, g in zip(requests, self.generate(chats, schemas), strict=True):
+            parsed = parsing.parse_distil(
+                g.response, max_ops=self.max_ops, can_update=r.retrieved is not None
+            )
+            ops = [self._op(r, p, g) for p in parsed.items]
+            self._record("distil", parsed, g.response, ops)
+            results.append(DistilResult(r, g, ops, parsed))
+        return results
+
+    @staticmethod
+    def _op(r: DistilRequest, p: parsing.ParsedOp, g: Generation) -> Op:
+        if p.kind == "return":
+            return Return()
+        if p.kind == "update" and r.retrieved is not None:
+            return Update(r.retrieved.id, p.title, p.content, generation=g, source_episode=r.episode_id)
+        return Add(r.scope, p.title, p.content, generation=g, source_episode=r.episode_id)
+
+    def merge_fn(self, chunk: Sequence[Entry]) -> MergePlan:
+        """The store's ``MergeFn``: a plan for one chunk; ``actions=None`` when unparseable."""
+        ids = [e.id for e in chunk]
+        (g,) = self.generate([xp.merge_messages(chunk)], [xp.merge_schema(ids)])
+        parsed = parsing.parse_merge(g.response, ids)
+        self._record("merge", parsed, g.response)
+        return MergePlan(tuple(parsed.items) if parsed.ok else None, generation=g, raw=g.response)
+
+    def refine_fn(self, query: str, entry: Entry | None) -> Refinement:
+        """The store's ``RefineFn``: the entry rewritten for the actor's question."""
+        if entry is None:
+            return Refinement("No stored experience matches this question yet.")
+        (g,) = self.generate([xp.refine_messages(query, entry)], [xp.refine_schema()])
+        parsed = parsing.parse_refine(g.response)
+        self._record("refine", parsed, g.response)
+        # the entry itself still helps when the answer is unusable
+        text = parsed.items[0] if parsed.items else entry.text
+        return Refinement(text, generation=g)

@@ -1,0 +1,233 @@
+"""The background extractor track of the asynchronous dual loop (DESIGN §3.4).
+
+The actor's loop hands each step's finished episodes to ``ExtractorTrack.submit`` and asks for merges with
+``request_merge``; both only put an item on a queue and return. One background thread works the queue:
+
+1. credits: guided outcomes go to the store's counters and, through the generation behind each entry
+   (and the episode's Search-and-Ask refinements), into the credit buffer;
+2. distillation: episodes go to πϕ in batches; its operations are applied through the store (which takes
+   its own write lock);
+3. merges: each scope's bank through ``store.merge`` with πϕ as the merge function;
+4. training: whenever the buffer is full (and the actor is past warm-up), one CISPO step, then πϕ's
+   engine is synced and its weight version bumped.
+
+An exception on the thread stops the track and is raised again on the actor's side at its next call, so a
+failure (a stale engine above all) is loud, never silent.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainer.extractor.credit import CreditBuffer, generation_key
+from trainer.extractor.model import DistilRequest, Extractor
+from trainer.extractor.update import ExtractorUpdate
+from trainer.store import ExperienceStore, Generation, GuidedOutcome
+
+Metrics = dict[str, float]
+
+
+class TrackFailed(RuntimeError):
+    """The background extractor track stopped on an error (the cause is chained)."""
+
+
+@dataclass(frozen=True)
+class Credit:
+    """One outcome to credit: to the generation behind ``entry_id`` or to ``generation`` itself."""
+
+    episode_id: str
+    success: bool
+    entry_id: int | None = None
+    generation: Generation | None = None
+    """A Search-and-Ask refinement of the episode (credited directly)."""
+
+
+@dataclass(frozen=True)
+class _Episodes:
+    step: int
+    requests: tuple[DistilRequest, ...]
+    credits: tuple[Credit, ...]
+
+
+@dataclass(frozen=True)
+class _Merge:
+    step: int
+
+
+class ExtractorTrack:
+    """Runs πϕ's side of the loop on a background thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        extractor: Extractor,
+        store: ExperienceStore,
+        buffer: CreditBuffer,
+        *,
+        scopes: Sequence[str],
+        update: ExtractorUpdate | None = None,
+        warmup_steps: int = 0,
+        distil_batch: int = 16,
+    ) -> None:
+        """``update=None``: πϕ stays frozen (static_online) but still keeps the bank online."""
+        self.extractor = extractor
+        self.store = store
+        self.buffer = buffer
+        self.scopes = list(scopes)
+        self.update = update
+        self.warmup_steps = warmup_steps
+        self.distil_batch = distil_batch
+        self.counts: Counter = Counter()
+        self.last_update: Metrics = {}
+        self.latest_step = 0
+        self._merge_keys: set[str] = set()
+        self._queue: queue.Queue[_Episodes | _Merge | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.update_lock = threading.Lock()
+        """Held while πϕ's trainer weights change (an update and its sync): hold it to read them whole."""
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="extractor-track", daemon=True)
+        self._thread.start()
+
+    # ---- the actor's side: never blocks --------------------------------------------------------------
+
+    def submit(self, step: int, requests: Sequence[DistilRequest], credits: Sequence[Credit]) -> None:
+        """Queue one actor step's episodes for distillation and their outcomes for credit."""
+        self.check()
+        with self._lock:
+            self.latest_step = max(self.latest_step, step)
+        self._queue.put(_Episodes(step, tuple(requests), tuple(credits)))
+
+    def request_merge(self, step: int) -> None:
+        self.check()
+        self._queue.put(_Merge(step))
+
+    def check(self) -> None:
+        """Raise the track's error, if it stopped on one."""
+        if self._error is not None:
+            raise TrackFailed(f"the extractor track stopped: {self._error}") from self._error
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued item is done (tests, the end of a run); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks and self._error is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        self.check()
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queue and stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def metrics(self) -> Metrics:
+        """A snapshot for the actor's step report."""
+        self.check()
+        with self._lock:
+            out = {f"extractor/{k}": float(v) for k, v in self.counts.items()}
+            out |= self.last_update
+        out |= self.extractor.snapshot_stats()
+        out["extractor/weight_version"] = float(self.extractor.expected_version)
+        out["extractor/queue_depth"] = float(self._queue.qsize())
+        out["extractor/buffer"] = float(len(self.buffer.pending))
+        out["extractor/steps"] = float(self.buffer.steps_taken)
+        out["bank/size"] = float(self.store.size())
+        return out
+
+    # ---- the background thread -----------------------------------------------------------------------
+
+    def _count(self, **deltas: float) -> None:
+        with self._lock:
+            self.counts.update(deltas)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    if isinstance(item, _Episodes):
+                        self._credit(item.credits)
+                        self._distil(item.step, item.requests)
+                    else:
+                        self._merge(item.step)
+                    self._maybe_train()
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the actor's side by check()
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _credit(self, credits: Sequence[Credit]) -> None:
+        if not credits:
+            return
+        t0 = time.perf_counter()
+        outcomes = [GuidedOutcome(c.episode_id, c.success, c.entry_id) for c in credits]
+        self.store.record_outcomes(outcomes)
+        ids = sorted({c.entry_id for c in credits if c.entry_id is not None})
+        behind = self.store.generations(ids) if ids else {}
+        for c in credits:
+            if c.generation is not None:
+                self.buffer.credit(c.generation, c.success, kind="refine")
+            if c.entry_id is not None:
+                g = behind.get(c.entry_id)
+                kind = "merge" if g is not None and generation_key(g) in self._merge_keys else "distil"
+                self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id)
+        self._count(credited=len(credits), credit_s=time.perf_counter() - t0)
+
+    def _distil(self, step: int, requests: Sequence[DistilRequest]) -> None:
+        for i in range(0, len(requests), self.distil_batch):
+            t0 = time.perf_counter()
+            results = self.extractor.distil(requests[i : i + self.distil_batch])
+            t1 = time.perf_counter()
+            ops = [op for r in results for op in r.ops]
+            applied = self.store.apply(ops, step=step) if ops else []
+            self._count(
+                distilled=len(results),
+                ops_applied=sum(r.ok and r.entry_id is not None for r in applied),
+                ops_refused=sum(not r.ok for r in applied),
+                distil_s=t1 - t0,
+                apply_s=time.perf_counter() - t1,
+            )
+
+    def _merge(self, step: int) -> None:
+        t0 = time.perf_counter()
+        merge_fn = self.extractor.merge_fn
+
+        def remember(chunk):  # merged entries' generations are credited as merges
+            plan = merge_fn(chunk)
+            if plan.generation is not None:
+                self._merge_keys.add(generation_key(plan.generation))
+            return plan
+
+        for scope in self.scopes:
+            report = self.store.merge(scope, remember, step=step)
+            self._count(
+                merges=1,
+                merge_chunks=report.chunks,
+                merge_removed=report.removed,
+                merge_created=report.created,
+                merge_rewritten=report.rewritten,
+                merge_unparseable=report.unparseable,
+                merge_stale=report.stale,
+            )
+        self._count(merge_s=time.perf_counter() - t0)
+
+    def _maybe_train(self) -> None:
+        if self.update is None or self.latest_step <= self.warmup_steps:
+            return
+        while self.buffer.ready():
+            batch = self.buffer.take()
+            with self.update_lock:
+                metrics = self.update.step(batch, self.extractor)
+                metrics["time/extractor_sync_s"] = self.update.sync(self.extractor)
+            self.store.record_training(batch.entry_ids, step=batch.step)
+            with self._lock:
+                self.last_update = metrics
+            self._count(updates=1)
