@@ -1,0 +1,141 @@
+"""Checkpoints: the actor, its optimiser, RNG states, the step, the engine version and the config.
+
+Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
+
+    actor/          the actor as a Hugging Face model folder (safetensors + tokenizer): loadable by any engine
+    optimizer.pt    AdamW state
+    rng.pt          Python, NumPy and torch RNG states
+    state.json      {"step", "engine_version", "config"}
+
+A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a half
+checkpoint that looks complete. Resuming requires the same config as the checkpoint's; only ``steps``
+(where to stop) may differ, so a finished run can be extended.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.config import ConfigError, RunConfig
+
+STATE_FILE = "state.json"
+RESUMABLE_DIFFERENCES = ("steps",)
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    step: int
+    """The last finished actor step."""
+    engine_version: int
+    """The weight version the engine served after that step's sync."""
+    config: RunConfig
+    path: Path
+
+
+def checkpoint_dir(out_dir: Path, step: int) -> Path:
+    return Path(out_dir) / "checkpoints" / f"step-{step:06d}"
+
+
+def save_checkpoint(
+    out_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    engine_version: int,
+    config: RunConfig,
+) -> Path:
+    """Write the checkpoint of ``step`` under ``out_dir``; returns its folder."""
+    final = checkpoint_dir(out_dir, step)
+    tmp = final.with_name(final.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp / "actor", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "actor")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save(rng, tmp / "rng.pt")
+    state = {"step": step, "engine_version": engine_version, "config": config.to_dict()}
+    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def find_checkpoint(path: Path) -> Path:
+    """``path`` itself when it is a checkpoint; else the latest checkpoint under it (a run's out dir)."""
+    path = Path(path)
+    if (path / STATE_FILE).exists():
+        return path
+    found = sorted((path / "checkpoints").glob("step-*[0-9]")) + sorted(path.glob("step-*[0-9]"))
+    found = [p for p in found if (p / STATE_FILE).exists()]
+    if not found:
+        raise FileNotFoundError(f"no checkpoint in {path} (expected {STATE_FILE} or checkpoints/step-*/)")
+    return max(found, key=lambda p: p.name)
+
+
+def read_checkpoint(path: Path) -> CheckpointState:
+    path = find_checkpoint(path)
+    state = json.loads((path / STATE_FILE).read_text())
+    return CheckpointState(
+        step=int(state["step"]),
+        engine_version=int(state["engine_version"]),
+        config=RunConfig.from_dict(state["config"]),
+        path=path,
+    )
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resumable(saved: RunConfig, wanted: RunConfig) -> None:
+    """Refuse to resume a checkpoint under a different config (``steps`` aside), naming every change."""
+    a, b = _flat(saved.to_dict()), _flat(wanted.to_dict())
+    changed = [
+        k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and k not in RESUMABLE_DIFFERENCES
+    ]
+    if changed:
+        diffs = "; ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in changed)
+        raise ConfigError(
+            f"cannot resume: the config differs from the checkpoint's ({diffs}). Resume with the same "
+            "config (only 'steps' may change), or start a new run."
+        )
+
+
+def load_checkpoint(
+    state: CheckpointState, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Load weights, optimiser and RNG states of ``state`` into the given objects (in place)."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted((state.path / "actor").glob("*.safetensors")):
+        weights |= load_file(f)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", ())]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {state.path} does not fit the actor model (missing {missing[:5]}, unexpected "
+            f"{list(unexpected)[:5]})"
+        )
+    optimizer.load_state_dict(torch.load(state.path / "optimizer.pt", weights_only=False))
+    rng = torch.load(state.path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])

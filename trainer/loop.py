@@ -1,0 +1,168 @@
+"""The actor's training loop in short phases (DESIGN §3.4, STYLE.md):
+
+sample task instances → rollout (retrieval inside, for guided episodes) → score → advantages and actor
+update → weight sync → report; evaluate every ``eval_every`` steps on the env's frozen eval split through
+the same runner with greedy decoding; checkpoint every ``checkpoint_every`` steps and at the end.
+
+The background extractor track (DESIGN §3.4) will run beside this loop and never block it; it reaches the
+loop only through the ``retrieve`` callable and the reporter's episode batches.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.actor import ActorUpdate
+from trainer.checkpoint import save_checkpoint
+from trainer.config import RunConfig
+from trainer.envs.base import make_env, make_mixture
+from trainer.report import Reporter
+from trainer.rollout.base import Engine
+from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
+
+Metrics = dict[str, float]
+EVAL_TEMPERATURE = 0.0
+"""Evaluation decodes greedily: the same weights always give the same eval result."""
+
+
+def sample_tasks(cfg: RunConfig, step: int) -> list[EpisodeSpec]:
+    """The episodes of ``step``: ``tasks_per_step`` task instances × K rollouts (guided half first).
+
+    Derived from (seed, step) alone, so a resumed run samples exactly what the uninterrupted run would.
+    """
+    mixture = make_mixture(cfg.env)
+    rng = random.Random(f"{cfg.seed}/tasks/{step}")
+    specs = []
+    for group in range(cfg.tasks_per_step):
+        env_name, seed = mixture.sample(rng), rng.randrange(2**31)
+        for k in range(cfg.k_rollouts):
+            sample_seed = random.Random(f"{cfg.seed}/sample/{step}/{group}/{k}").randrange(2**31)
+            specs.append(EpisodeSpec(env_name, seed, group, k < cfg.guided_per_task, sample_seed))
+    return specs
+
+
+def episode_metrics(episodes: Sequence[Episode], prefix: str) -> Metrics:
+    """Success rate, mean reward, mean actions, invalid-action and truncation rates of ``episodes``."""
+    n = max(len(episodes), 1)
+    turns = [t for e in episodes for t in e.turns]
+    return {
+        f"{prefix}success": sum(e.success for e in episodes) / n,
+        f"{prefix}reward": sum(e.reward for e in episodes) / n,
+        f"{prefix}actions": sum(e.num_actions for e in episodes) / n,
+        f"{prefix}invalid_frac": sum(t.invalid for t in turns) / max(len(turns), 1),
+        f"{prefix}truncated_frac": sum(e.truncated for e in episodes) / n,
+        f"{prefix}episodes": float(len(episodes)),
+    }
+
+
+def score(episodes: Sequence[Episode]) -> Metrics:
+    """Training-batch metrics, split into guided and free halves when both are present."""
+    metrics = episode_metrics(episodes, "train/")
+    guided = [e for e in episodes if e.spec.guided]
+    if guided and len(guided) < len(episodes):
+        metrics |= episode_metrics(guided, "train/guided/")
+        metrics |= episode_metrics([e for e in episodes if not e.spec.guided], "train/free/")
+    return metrics
+
+
+@dataclass
+class TrainingLoop:
+    """Everything one run's actor loop needs; ``run()`` trains from ``start_step`` to ``cfg.steps``."""
+
+    cfg: RunConfig
+    engine: Engine
+    model: torch.nn.Module
+    tokenizer: Any
+    out_dir: Path
+    reporter: Reporter
+    actor: ActorUpdate
+    start_step: int = 1
+    retrieve: Retriever | None = None
+
+    def __post_init__(self) -> None:
+        r = self.cfg.rollout
+        options = dict(max_new_tokens=r.max_new_tokens, top_p=r.top_p, turn_limit=r.turn_limit)
+        options |= dict(context_tokens=r.context_tokens)
+        self.runner = EpisodeRunner(self.engine, self.tokenizer, temperature=r.temperature, **options)
+        self.eval_runner = EpisodeRunner(self.engine, self.tokenizer, split="eval", **options)
+        self.last_checkpoint: Path | None = None
+
+    def run(self) -> Metrics:
+        """Train; returns the last step's metrics merged with the last evaluation's."""
+        cfg = self.cfg
+        self.reporter.on_start(cfg.steps, self.start_step)
+        last: Metrics = {}
+        if self.start_step == 1:
+            last |= self.evaluate(0)
+        step = self.start_step - 1
+        try:
+            for step in range(self.start_step, cfg.steps + 1):
+                last |= self.train_step(step)
+                stopping = self.reporter.should_stop()
+                if step == cfg.steps or stopping or (cfg.eval_every and step % cfg.eval_every == 0):
+                    last |= self.evaluate(step)
+                if (
+                    step == cfg.steps
+                    or stopping
+                    or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                ):
+                    self.checkpoint(step)
+                if stopping:
+                    break
+        finally:
+            self.runner.close()
+            self.eval_runner.close()
+        return last
+
+    def train_step(self, step: int) -> Metrics:
+        t0 = time.perf_counter()
+        specs = sample_tasks(self.cfg, step)
+        episodes, stats = self.runner.run(specs, retrieve=self.retrieve)
+        metrics = score(episodes) | stats.as_metrics()
+        metrics["time/rollout_s"] = stats.wall_s
+        if self.cfg.actor_trains:
+            metrics |= self.actor.step(episodes)
+            metrics["time/sync_s"] = self.actor.sync(self.engine, self.engine.weight_version + 1)
+        metrics["engine/weight_version"] = float(self.engine.weight_version)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        self.reporter.on_episode_batch(step, episodes)
+        self.reporter.on_step(step, metrics)
+        return metrics
+
+    def evaluate(self, step: int) -> Metrics:
+        """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""
+        t0 = time.perf_counter()
+        metrics: Metrics = {}
+        names = make_mixture(self.cfg.env).names
+        all_episodes: list[Episode] = []
+        for name in names:
+            n = self.cfg.eval_episodes
+            size = make_env(name, split="eval").num_instances()
+            specs = [EpisodeSpec(name, seed) for seed in range(min(n, size) if size else n)]
+            episodes, _ = self.eval_runner.run(specs, temperature=EVAL_TEMPERATURE)
+            all_episodes += episodes
+            if len(names) > 1:
+                metrics |= episode_metrics(episodes, f"eval/{name}/")
+        metrics |= episode_metrics(all_episodes, "eval/")
+        metrics["eval/time_s"] = time.perf_counter() - t0
+        self.reporter.on_eval(step, metrics)
+        return metrics
+
+    def checkpoint(self, step: int) -> Path:
+        self.last_checkpoint = save_checkpoint(
+            self.out_dir,
+            step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.actor.optimizer,
+            engine_version=self.engine.weight_version,
+            config=self.cfg,
+        )
+        return self.last_checkpoint

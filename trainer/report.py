@@ -1,0 +1,144 @@
+"""Progress reporting: the protocol the training loop talks to, and plain implementations.
+
+The loop never knows where progress goes. The webapp plugs in a reporter that writes metric rows and
+broadcasts them; a script uses ``ConsoleReporter`` (a progress bar and per-step metrics) and
+``JsonlReporter`` (one JSON object per line, easy to plot or tail). ``should_stop`` is how a
+cancellation reaches the loop: it is asked between steps.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from trainer.rollout.runner import Episode
+
+
+@runtime_checkable
+class Reporter(Protocol):
+    """Receives a run's progress. Metrics are flat ``{"name": float}`` dicts."""
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        """The loop starts (or resumes) at ``start_step`` (1-based) of ``total_steps``."""
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Actor step ``step`` finished."""
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        """An evaluation after step ``step`` (0: the untrained model) finished."""
+
+    def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
+        """The episodes of step ``step`` (full turn lists, for trajectory views)."""
+
+    def should_stop(self) -> bool:
+        """True to end the run cleanly after the current step (it is checkpointed)."""
+        return False
+
+
+class BaseReporter:
+    """A reporter that does nothing; subclass and override what you need."""
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        pass
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        pass
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        pass
+
+    def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
+        pass
+
+    def should_stop(self) -> bool:
+        return False
+
+
+class Reporters(BaseReporter):
+    """Several reporters as one; stops when any of them asks to."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        for r in self.reporters:
+            r.on_start(total_steps, start_step)
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        for r in self.reporters:
+            r.on_step(step, metrics)
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        for r in self.reporters:
+            r.on_eval(step, metrics)
+
+    def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
+        for r in self.reporters:
+            r.on_episode_batch(step, episodes)
+
+    def should_stop(self) -> bool:
+        return any(r.should_stop() for r in self.reporters)
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = round(width * done / max(total, 1))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+class ConsoleReporter(BaseReporter):
+    """One line per step and per evaluation: a progress bar, the key metrics and the time breakdown."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.total = 0
+        self.started = time.perf_counter()
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self.total = total_steps
+        self.started = time.perf_counter()
+        where = "starting" if start_step == 1 else f"resuming at step {start_step}"
+        self._print(f"training: {where} of {total_steps}")
+
+    def on_step(self, step: int, m: Mapping[str, float]) -> None:
+        g = m.get
+        self._print(
+            f"{_bar(step, self.total)} step {step}/{self.total} | "
+            f"success {g('train/success', 0):.2f} reward {g('train/reward', 0):.2f} "
+            f"actions {g('train/actions', 0):.1f} invalid {g('train/invalid_frac', 0):.2f} | "
+            f"loss {g('actor/loss', 0):+.4f} clip {g('actor/clip_frac', 0):.3f} "
+            f"kl {g('actor/approx_kl', 0):.2e} "
+            f"gnorm {g('actor/grad_norm', 0):.2f} | {g('rollout/tokens_per_s', 0):.0f} tok/s | "
+            f"{g('time/step_s', 0):.1f}s = rollout {g('time/rollout_s', 0):.1f} + recompute "
+            f"{g('time/recompute_s', 0):.1f} + backward {g('time/backward_s', 0):.1f} "
+            f"+ sync {g('time/sync_s', 0):.2f}"
+        )
+
+    def on_eval(self, step: int, m: Mapping[str, float]) -> None:
+        parts = [f"{k.removeprefix('eval/')} {v:.3f}" for k, v in m.items() if k.startswith("eval/")]
+        self._print(f"eval after step {step}: " + ", ".join(parts))
+
+
+class JsonlReporter(BaseReporter):
+    """Appends ``{"kind": "step"|"eval", "step": n, ...metrics}`` lines to ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, kind: str, step: int, metrics: Mapping[str, float]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **metrics}) + "\n")
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._write("step", step, metrics)
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._write("eval", step, metrics)
