@@ -1,21 +1,19 @@
-"""What the dashboard plots: which metric keys go on which panel, how long series are downsampled, how runs
-are grouped into mean ± band, and the numbers of the summary table. Pure functions over plain lists.
+"""What the dashboard plots: which metric keys go on which panel, how long series are thinned, how runs
+are grouped into mean ± band, and the numbers of the summary and evaluation tables. Pure functions.
 
-Metric rows hold flat ``values`` dicts. Panels pick keys by prefix, so a new key lands on the right panel
-without touching this file (and any key no panel claims is still shown, under "Other"). The names the
-trainer's reporter is expected to write:
-
-- train rows: ``success``, ``success_guided``, ``success_free``, ``reward``, ``reward_guided``,
-  ``reward_free``, ``actor_loss``, ``actor_clip_frac``, ``extractor_loss``, ``extractor_clip_frac``,
-  ``bank_size``, ``ops_add``, ``ops_update``, ``ops_return``, ``parse_failures``,
-  ``retrieval_latency_ms``, ``time_rollout_s``, ``time_actor_update_s``, ``time_sync_s``, ...
-- eval rows: ``success_with``, ``success_without``, ``actions_with``, ``actions_without``, and per
-  environment of a mixture ``success_with/<env>``, ``success_without/<env>``.
+Metric rows hold flat ``values`` dicts with the trainer's names (trainer/loop.py, trainer/evaluate.py):
+train rows ``train/success``, ``train/guided/success``, ``train/free/reward``, ``actor/loss``,
+``actor/clip_frac``, ``extractor/...``, ``experience/retrieve_s``, ``time/rollout_s``, ...; eval rows
+``eval/success`` (without experience), ``eval/with_exp/success`` (with it), per environment of a mixture
+``eval/<env>/success`` and ``eval/with_exp/<env>/success``, and the same for ``actions``. Panels pick keys by
+pattern, so a new key lands on a fitting panel without touching this file, and any key no panel claims is
+still drawn, under "Other".
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +22,9 @@ from typing import Any
 MAX_POINTS = 1000
 """Most points per series sent to a browser: long runs are thinned to one row per bucket of steps."""
 
+WITH_EXP = "with_exp/"
+"""Eval keys with this segment are the with-experience column (``trainer.evaluate.WITH_EXP``)."""
+
 
 @dataclass(frozen=True)
 class Panel:
@@ -31,41 +32,51 @@ class Panel:
     title: str
     kind: str
     """'train' or 'eval': which metric rows it plots."""
-    prefixes: tuple[str, ...]
+    pattern: str
+    """A regular expression (Python and JavaScript alike) a key must match in full; '' matches any key."""
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("success", "Success by subgroup (with / without experience)", "train", ("success",)),
-    Panel("reward", "Reward by subgroup", "train", ("reward",)),
-    Panel("eval-success", "Eval success with / without experience", "eval", ("success",)),
-    Panel("eval-actions", "Eval actions with / without experience", "eval", ("actions",)),
-    Panel("actor", "Actor loss and clip fraction", "train", ("actor_",)),
-    Panel("extractor", "Extractor loss and clip fraction", "train", ("extractor_",)),
-    Panel("bank", "Bank size", "train", ("bank_",)),
-    Panel("ops", "Operation mix", "train", ("ops_",)),
-    Panel("parse", "Parse failures", "train", ("parse_",)),
-    Panel("retrieval", "Retrieval latency", "train", ("retrieval_",)),
-    Panel("time", "Step time breakdown", "train", ("time_",)),
+    Panel(
+        "success",
+        "Success: all, with experience (guided), without (free)",
+        "train",
+        r"(train/)?(\w+/)?success.*",
+    ),
+    Panel("reward", "Reward by subgroup", "train", r"(train/)?(\w+/)?reward.*"),
+    Panel("eval-success", "Eval success with / without experience", "eval", r"(eval/)?(\S+/)?success.*"),
+    Panel("eval-actions", "Eval actions with / without experience", "eval", r"(eval/)?(\S+/)?actions.*"),
+    Panel("actor", "Actor loss, clip fraction, advantages", "train", r"(actor|adv)[/_].*"),
+    Panel("extractor", "Extractor loss and clip fraction", "train", r"extractor[/_].*"),
+    Panel(
+        "retrieval", "Retrieval and Search-and-Ask latency", "train", r".*(retriev|search_and_ask).*_(s|ms)"
+    ),
+    Panel("bank", "Bank size and experience use", "train", r"(bank|experience)[/_].*"),
+    Panel("ops", "Operation mix", "train", r"(\w+/)?ops[/_].*"),
+    Panel("parse", "Parse failures", "train", r".*parse.*"),
+    Panel("time", "Step time breakdown", "train", r"time[/_].*"),
+    Panel(
+        "actions",
+        "Actions, invalid actions, truncation",
+        "train",
+        r"(train/)?(\w+/)?(actions|invalid|truncated).*",
+    ),
+    Panel("other", "Other metrics", "train", ""),
+    Panel("eval-other", "Other eval", "eval", ""),
 )
-OTHER = {
-    "train": Panel("other", "Other metrics", "train", ()),
-    "eval": Panel("eval-other", "Other eval", "eval", ()),
-}
+_COMPILED = [(p, re.compile(p.pattern) if p.pattern else None) for p in PANELS]
 
 
 def catalogue() -> list[dict[str, Any]]:
-    """Every panel with its prefixes, catch-all panels last: browsers place keys that appear live with it."""
-    return [
-        {"id": p.id, "title": p.title, "kind": p.kind, "prefixes": list(p.prefixes)}
-        for p in (*PANELS, *OTHER.values())
-    ]
+    """Every panel with its pattern, catch-alls last: browsers place keys that first appear live with it."""
+    return [{"id": p.id, "title": p.title, "kind": p.kind, "pattern": p.pattern} for p in PANELS]
 
 
 def panel_of(kind: str, key: str) -> Panel:
-    for panel in PANELS:
-        if panel.kind == kind and key.startswith(panel.prefixes):
+    for panel, regex in _COMPILED:
+        if panel.kind == kind and (regex is None or regex.fullmatch(key)):
             return panel
-    return OTHER[kind]
+    raise AssertionError("every kind has a catch-all panel")
 
 
 def panels_for(keys: Mapping[str, Iterable[str]]) -> list[dict[str, Any]]:
@@ -76,7 +87,7 @@ def panels_for(keys: Mapping[str, Iterable[str]]) -> list[dict[str, Any]]:
             panel = panel_of(kind, key)
             chosen.setdefault(panel.id, {"id": panel.id, "title": panel.title, "kind": kind, "keys": []})
             chosen[panel.id]["keys"].append(key)
-    order = [p.id for p in PANELS] + ["other", "eval-other"]
+    order = [p.id for p in PANELS]
     return sorted(chosen.values(), key=lambda p: order.index(p["id"]))
 
 
@@ -86,9 +97,8 @@ def bucket_size(max_step: int, max_points: int = MAX_POINTS) -> int:
 
 
 def lower_is_better(key: str) -> bool:
-    """Losses, times, latencies, failures and action counts: the best value is the smallest."""
-    name = key.split("/")[0]
-    return any(word in name for word in ("loss", "time", "latency", "failure", "actions"))
+    """Losses, times, latencies, failures, invalid actions and action counts: the best is the smallest."""
+    return any(word in key for word in ("loss", "time", "_s", "_ms", "latency", "fail", "invalid", "actions"))
 
 
 def final_and_best(values: Sequence[float | None], key: str) -> tuple[float | None, float | None]:
@@ -219,7 +229,9 @@ def _group_labels(runs: Sequence[Any], group: str) -> list[str]:
 
 
 def _eval_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Final eval success with and without experience, per environment of a mixture and on average."""
+    """Final eval success with and without experience, per environment of a mixture and on average, and
+    the mean actions: the paper's Table 1 layout (``eval/<env>/success`` without, ``eval/with_exp/...`` with).
+    """
     envs: list[str] = []
     finals = []
     for run in runs:
@@ -227,17 +239,15 @@ def _eval_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
         final = {k: final_and_best(v, k)[0] for k, v in values.items()}
         finals.append(final)
         for key in final:
-            if key.startswith("success_with/"):
-                env = key.split("/", 1)[1]
-                if env not in envs:
-                    envs.append(env)
-    columns = [*envs, ""]  # "" is the average (or the single environment)
+            m = re.fullmatch(r"eval/(?!with_exp/)(\S+)/success", key)
+            if m and m.group(1) not in envs:
+                envs.append(m.group(1))
+    columns = [*[f"{env}/success" for env in envs], "success", "actions"]
     rows = []
     for run, final in zip(runs, finals, strict=True):
-        suffix = [f"/{env}" if env else "" for env in columns]
-        cells = [(final.get(f"success_with{s}"), final.get(f"success_without{s}")) for s in suffix]
+        cells = [(final.get(f"eval/{WITH_EXP}{c}"), final.get(f"eval/{c}")) for c in columns]
         rows.append({"name": run["name"], "colour": run["colour"], "cells": cells})
-    return {"envs": [env or "average" for env in columns], "rows": rows}
+    return {"envs": [*envs, "average success", "mean actions"], "rows": rows}
 
 
 def build_comparison(

@@ -25,6 +25,8 @@ RUN_SORTS = {
     "status": "status",
     "success": F("latest_success").desc(nulls_last=True),
 }
+LATEST_SUCCESS_KEY = "train/success"
+"""The train metric shown as "latest success" in the runs list."""
 WORKER_CACHE_S = 10
 """The worker indicator pings Celery at most this often (a ping waits for its timeout when none answer)."""
 
@@ -35,7 +37,7 @@ def run_list(user, *, filters: dict[str, Any] | None = None, sort: str = "create
     latest = (
         MetricRow.objects.filter(run=OuterRef("pk"), kind=MetricRow.Kind.TRAIN)
         .order_by("-step")
-        .annotate(success=Cast(KeyTextTransform("success", "values"), FloatField()))
+        .annotate(success=Cast(KeyTextTransform(LATEST_SUCCESS_KEY, "values"), FloatField()))
         .values("success")[:1]
     )
     qs = Run.objects.visible_to(user).select_related("owner").annotate(latest_success=Subquery(latest))

@@ -39,7 +39,8 @@ const Studio = (() => {
     const liveState = document.getElementById("live-state");
     const series = data.series;            // {train: {step, wall, values: {key: [...]}}, eval: {...}}
     let panels = data.panels;              // [{id, title, kind, keys}]
-    const catalogue = data.catalogue;      // every panel and the key prefixes it takes (webapp/charts.py PANELS)
+    const catalogue = data.catalogue;      // every panel and the keys it takes (webapp/charts.py PANELS)
+    const patterns = catalogue.map((p) => (p.pattern ? new RegExp("^(?:" + p.pattern + ")$") : null));
     let cursor = data.cursor;              // newest metric row id the page holds
     const plots = {};
     const lastStep = { train: lastOf(series.train.step), eval: lastOf(series.eval.step) };
@@ -100,8 +101,7 @@ const Studio = (() => {
       const out = [];
       for (const kind of ["train", "eval"]) {
         for (const key of Object.keys(series[kind].values).sort()) {
-          let i = catalogue.findIndex((p) => p.kind === kind && p.prefixes.some((prefix) => key.startsWith(prefix)));
-          if (i < 0) i = catalogue.findIndex((p) => p.kind === kind && p.prefixes.length === 0);
+          const i = catalogue.findIndex((p, j) => p.kind === kind && (patterns[j] === null || patterns[j].test(key)));
           let panel = out.find((p) => p.id === catalogue[i].id);
           if (!panel) { panel = { id: catalogue[i].id, title: catalogue[i].title, kind, order: i, keys: [] }; out.push(panel); }
           panel.keys.push(key);

@@ -37,13 +37,13 @@ def _metrics(run: Run, steps: range, base: float) -> None:
             step=s,
             wall_time=3.0 * s,
             values={
-                "success": base + s / 20,
-                "success_guided": base + s / 15,
-                "success_free": base + s / 30,
-                "reward": base + s / 20,
-                "actor_loss": 1 / (s + 1),
-                "bank_size": 3 * s,
-                "time_rollout_s": 2.0,
+                "train/success": base + s / 20,
+                "train/guided/success": base + s / 15,
+                "train/free/success": base + s / 30,
+                "train/reward": base + s / 20,
+                "actor/loss": 1 / (s + 1),
+                "experience/bank_size": 3 * s,
+                "time/rollout_s": 2.0,
             },
         )
     MetricRow.objects.create(
@@ -51,7 +51,7 @@ def _metrics(run: Run, steps: range, base: float) -> None:
         step=steps[-1],
         kind="eval",
         wall_time=3.0 * steps[-1],
-        values={"success_with": base + 0.3, "success_without": base + 0.1},
+        values={"eval/with_exp/success": base + 0.3, "eval/success": base + 0.1},
     )
 
 
@@ -188,7 +188,10 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(server, browser_pa
     page.wait_for_selector("#chart-success canvas")
     assert page.evaluate("window.studioRun.series.train.step.length") == 5
     row = MetricRow.objects.create(
-        run=live, step=5, wall_time=15.0, values={"success": 0.9, "success_guided": 0.95, "success_free": 0.8}
+        run=live,
+        step=5,
+        wall_time=15.0,
+        values={"train/success": 0.9, "train/guided/success": 0.95, "train/free/success": 0.8},
     )
     sent = time.monotonic()
     with ThreadPoolExecutor(1) as pool:  # as a worker would, outside Playwright's event loop
@@ -255,4 +258,4 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(server, browser_pa
         page.click("#csv-link")
     rows = list(csv.DictReader(io.StringIO(open(info.value.path()).read())))
     assert {r["run_name"] for r in rows} == {"grpo baseline", "complementary live"}
-    assert any(r["metric"] == "success" and r["step"] == "5" and r["value"] == "0.9" for r in rows)
+    assert any(r["metric"] == "train/success" and r["step"] == "5" and r["value"] == "0.9" for r in rows)

@@ -20,12 +20,16 @@ def _run(owner, name, seed, method="grpo", success=(0.0, 0.5, 1.0), **fields) ->
     run = Run.objects.create(name=name, owner=owner, config=cfg.to_dict(), seed=seed, method=method, **fields)
     for step, value in enumerate(success):
         MetricRow.objects.create(
-            run=run, step=step, wall_time=10.0 * step, values={"success": value, "actor_loss": 1 - value}
+            run=run,
+            step=step,
+            wall_time=10.0 * step,
+            values={"train/success": value, "actor/loss": 1 - value},
         )
     MetricRow.objects.create(
         run=run, step=2, kind="eval", wall_time=30,
-        values={"success_with": success[-1], "success_without": success[-1] / 2,
-                "success_with/WebShop-synth": 0.4, "success_without/WebShop-synth": 0.2},
+        values={"eval/with_exp/success": success[-1], "eval/success": success[-1] / 2,
+                "eval/with_exp/WebShop-synth/success": 0.4, "eval/WebShop-synth/success": 0.2,
+                "eval/with_exp/actions": 7.0, "eval/actions": 9.0},
     )  # fmt: skip
     return run
 
@@ -47,13 +51,14 @@ def test_two_runs_overlay_with_summary_eval_table_and_config_diff(client, user, 
     assert [r["id"] for r in data["runs"]] == [a.id, b.id] and data["runs"][0]["colour"] != data["runs"][1][
         "colour"
     ]
-    assert data["runs"][1]["series"]["train"]["values"]["success"] == [0.2, 0.4, 0.9]
-    assert {"kind": "train", "key": "success"} in data["metrics"] and data["groups"] == []
+    assert data["runs"][1]["series"]["train"]["values"]["train/success"] == [0.2, 0.4, 0.9]
+    assert {"kind": "train", "key": "train/success"} in data["metrics"] and data["groups"] == []
     summary = page[page.index('id="summary"') :]
     assert "<td>0.9 / 0.9</td>" in summary  # final / best success of b
-    assert "<td>0.1 / 0.1</td>" in summary  # actor_loss: lower is better
+    assert "<td>0.1 / 0.1</td>" in summary  # actor/loss: lower is better
     table = page[page.index('id="eval-table"') : page.index('id="summary"')]
-    assert "WebShop-synth" in table and "average" in table and "<td>0.4</td><td>0.2</td>" in table
+    assert "WebShop-synth" in table and "average success" in table and "<td>0.4</td><td>0.2</td>" in table
+    assert "<td>0.9</td><td>0.45</td><td>7</td><td>9</td>" in table  # b: average success, mean actions
     diff = page[page.index('id="config-diff"') :]
     assert "<th>method</th>" in diff and "<th>seed</th>" in diff and "actor.lr" not in diff
 
@@ -70,7 +75,7 @@ def test_seeds_are_grouped_into_mean_and_band(client, user):
     assert labels == ["method=grpo", "method=complementary"]
     grpo = data["groups"][0]
     assert grpo["runs"] == [r0.id, r1.id]
-    band = grpo["series"]["train"]["success"]
+    band = grpo["series"]["train"]["train/success"]
     assert band["step"] == [0, 1, 2] and band["mean"] == [0.25, 0.5, 0.75]
     assert band["lo"] == [0.0, 0.5, 0.5] and band["hi"] == [0.5, 0.5, 1.0]
     assert data["runs"][0]["colour"] == data["runs"][1]["colour"] != data["runs"][2]["colour"]
@@ -86,7 +91,7 @@ def test_the_csv_holds_the_plotted_points(client, user):
     response = client.get(reverse("compare_csv"), {"runs": [a.id]})
     assert response["Content-Type"] == "text/csv" and "attachment" in response["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
-    success = [r for r in rows if r["metric"] == "success" and r["kind"] == "train"]
+    success = [r for r in rows if r["metric"] == "train/success" and r["kind"] == "train"]
     assert [(r["step"], r["wall_time"], r["value"]) for r in success] == [
         ("0", "0.0", "0.0"),
         ("1", "10.0", "0.5"),

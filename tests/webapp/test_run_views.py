@@ -170,8 +170,8 @@ def test_the_list_filters_and_sorts_and_hides_others_private_runs(client, user, 
     b = _run(user, name="beta", method="complementary", step=7)
     _run(other_user, name="gamma-private")
     _run(other_user, name="delta-shared", shared=True)
-    MetricRow.objects.create(run=a, step=0, wall_time=1, values={"success": 0.25})
-    MetricRow.objects.create(run=b, step=0, wall_time=1, values={"success": 0.75})
+    MetricRow.objects.create(run=a, step=0, wall_time=1, values={"train/success": 0.25})
+    MetricRow.objects.create(run=b, step=0, wall_time=1, values={"train/success": 0.75})
     client.force_login(user)
     page = client.get(reverse("home")).content.decode()
     assert "alpha" in page and "beta" in page and "delta-shared" in page and "gamma-private" not in page
@@ -286,10 +286,10 @@ def test_the_run_page_shows_curves_config_environment_and_errors_to_the_owner(cl
     run = _run(user, name="<i>run</i>", status=Run.Status.FAILED, error="CUDA out of memory <x>",
                environment={"git": "abc123", "packages": {"torch": "2.13.0"}})  # fmt: skip
     for step in range(5):
-        values = {"success_guided": step / 4, "actor_loss": 1.0 - step / 10, "note": "x"}
+        values = {"train/guided/success": step / 4, "actor/loss": 1.0 - step / 10, "note": "x"}
         MetricRow.objects.create(run=run, step=step, wall_time=step * 2.0, values=values)
     MetricRow.objects.create(
-        run=run, step=4, kind="eval", wall_time=9, values={"success_with": 0.5, "success_without": 0.25}
+        run=run, step=4, kind="eval", wall_time=9, values={"eval/with_exp/success": 0.5, "eval/success": 0.25}
     )
     client.force_login(user)
     page = client.get(reverse("run_detail", args=[run.id])).content.decode()
@@ -300,7 +300,7 @@ def test_the_run_page_shows_curves_config_environment_and_errors_to_the_owner(cl
         page.split('<script id="run-metrics" type="application/json">')[1].split("</script>")[0]
     )
     assert data["series"]["train"]["step"] == [0, 1, 2, 3, 4]
-    assert data["series"]["train"]["values"]["success_guided"] == [0, 0.25, 0.5, 0.75, 1.0]
+    assert data["series"]["train"]["values"]["train/guided/success"] == [0, 0.25, 0.5, 0.75, 1.0]
     assert "note" not in data["series"]["train"]["values"]  # text values are not plotted
     assert [p["id"] for p in data["panels"]] == ["success", "eval-success", "actor"]
     assert data["cursor"] == MetricRow.objects.latest("id").id
@@ -309,7 +309,8 @@ def test_the_run_page_shows_curves_config_environment_and_errors_to_the_owner(cl
 def test_long_runs_are_thinned_on_the_server_to_a_row_per_bucket_and_the_newest(client, user):
     run = _run(user)
     MetricRow.objects.bulk_create(
-        MetricRow(run=run, step=s, wall_time=float(s), values={"success": s / 10000}) for s in range(3001)
+        MetricRow(run=run, step=s, wall_time=float(s), values={"train/success": s / 10000})
+        for s in range(3001)
     )
     client.force_login(user)
     page = client.get(reverse("run_detail", args=[run.id])).content.decode()
@@ -317,7 +318,7 @@ def test_long_runs_are_thinned_on_the_server_to_a_row_per_bucket_and_the_newest(
     train = data["series"]["train"]
     assert train["bucket"] == 4 and len(train["step"]) == 751
     assert train["step"][:2] == [3, 7] and train["step"][-2:] == [2999, 3000]
-    assert train["values"]["success"][:2] == [0.0003, 0.0007]
+    assert train["values"]["train/success"][:2] == [0.0003, 0.0007]
     assert data["cursor"] == MetricRow.objects.latest("id").id
     assert "one point every 4 steps" in page
 
