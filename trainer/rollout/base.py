@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 if TYPE_CHECKING:
     import torch
@@ -79,8 +79,6 @@ class Generation:
     """The completion decoded without special tokens."""
     weight_version: int = 0
     """The engine's weight version when this completion was sampled."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Backend-specific details (never needed by the trainer)."""
 
 
 class Engine(ABC):
@@ -147,7 +145,7 @@ class Engine(ABC):
             self._closed = True
             self._close()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -162,7 +162,8 @@ class HFEngine(Engine):
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
         # a tied output layer may be left out of the state dict: it follows the embeddings
-        missing = [k for k in missing if k not in self.model._tied_weights_keys]
+        tied = self.model.config.get_text_config().tie_word_embeddings
+        missing = [k for k in missing if not (tied and k == "lm_head.weight")]
         if missing or unexpected:
             raise EngineError(
                 f"hf engine: the new weights do not fit {self.model_path.name} "

@@ -74,9 +74,9 @@ class VLLMEngine(Engine):
 
         # Must be set before vLLM starts: the in-process engine is what lets weights pass as tensors.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads or len(os.sched_getaffinity(0))))
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
         from vllm import LLM
         from vllm.platforms import current_platform
 

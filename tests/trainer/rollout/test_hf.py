@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -59,9 +61,7 @@ def test_a_stop_token_ends_only_its_own_request(engine, chat):
     (free,) = engine.generate([greedy])
     stop = free.token_ids[3]
     first = free.token_ids.index(stop)
-    stopped, unaffected = engine.generate(
-        [GenerationRequest(**{**vars(greedy), "stop_token_ids": (stop,)}), greedy]
-    )
+    stopped, unaffected = engine.generate([replace(greedy, stop_token_ids=(stop,)), greedy])
     assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[: first + 1]
     assert unaffected.token_ids == free.token_ids and unaffected.finish_reason == "length"
 
@@ -72,7 +72,7 @@ def test_the_same_seed_gives_the_same_completion_whatever_the_batch(engine, requ
     alone = engine.generate([requests[1]])
     assert [g.token_ids for g in first] == [g.token_ids for g in again]
     assert alone[0].token_ids == first[1].token_ids
-    other_seed = GenerationRequest(**{**vars(requests[1]), "seed": 3})
+    other_seed = replace(requests[1], seed=3)
     assert engine.generate([other_seed])[0].token_ids != first[1].token_ids
 
 

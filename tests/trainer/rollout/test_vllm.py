@@ -7,6 +7,7 @@ last because they change what it serves.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -74,9 +75,7 @@ def test_it_agrees_with_the_transformers_engine_on_greedy_decoding(engine, model
     # a stop token ends its own request only, and is kept
     stop = want.token_ids[3]
     first = want.token_ids.index(stop)
-    stopped, unaffected = engine.generate(
-        [GenerationRequest(**{**vars(greedy), "stop_token_ids": (stop,)}), greedy]
-    )
+    stopped, unaffected = engine.generate([replace(greedy, stop_token_ids=(stop,)), greedy])
     assert stopped.finish_reason == "stop" and stopped.token_ids == want.token_ids[: first + 1]
     assert unaffected.token_ids == want.token_ids and unaffected.finish_reason == "length"
 
@@ -84,7 +83,7 @@ def test_it_agrees_with_the_transformers_engine_on_greedy_decoding(engine, model
 def test_the_same_seed_gives_the_same_completion(engine, requests, generations):
     again = engine.generate(requests)
     assert [g.token_ids for g in again] == [g.token_ids for g in generations]
-    other_seed = GenerationRequest(**{**vars(requests[1]), "seed": 3})
+    other_seed = replace(requests[1], seed=3)
     assert engine.generate([other_seed])[0].token_ids != generations[1].token_ids
 
 
