@@ -1,0 +1,166 @@
+"""End to end: a 2-step GRPO run on MiniHack-Room-5x5 with the real SmolLM2 model and the vLLM engine,
+its checkpoint, resuming from it, and the command line (one engine for this module)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from trainer.checkpoint import read_checkpoint
+from trainer.config import ConfigError, get_preset
+from trainer.models import default_model_path, load_causal_lm, prepare_default_models
+from trainer.report import BaseReporter, ConsoleReporter, Reporters
+from trainer.rollout.base import sequence_logprobs
+from trainer.train import build_engine, config_from_args, main, train
+
+# Small enough for this machine; sampled at 0.7 so that rollouts of one task differ in outcome.
+CFG = get_preset("cpu").with_overrides(
+    **{
+        "method": "grpo",
+        "steps": 2,
+        "tasks_per_step": 2,
+        "k_rollouts": 4,
+        "seed": 1,
+        "eval_every": 0,
+        "eval_episodes": 2,
+        "checkpoint_every": 0,
+        "actor.lr": 1e-4,
+        "rollout.max_new_tokens": 4,
+        "rollout.turn_limit": 3,
+        "rollout.temperature": 0.7,
+        "rollout.context_tokens": 1024,
+    }
+)
+
+
+class Recorder(BaseReporter):
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.steps: dict[int, dict[str, float]] = {}
+        self.evals: dict[int, dict[str, float]] = {}
+        self.batches: dict[int, list] = {}
+        self.stop_after = stop_after
+
+    def on_step(self, step, metrics):
+        self.steps[step] = dict(metrics)
+
+    def on_eval(self, step, metrics):
+        self.evals[step] = dict(metrics)
+
+    def on_episode_batch(self, step, episodes):
+        self.batches[step] = list(episodes)
+
+    def should_stop(self):
+        return self.stop_after is not None and max(self.steps, default=0) >= self.stop_after
+
+
+@pytest.fixture(scope="module")
+def engine():
+    prepare_default_models(default_model_path())
+    engine = build_engine(CFG)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def first_run(engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    recorder = Recorder()
+    log = io.StringIO()
+    metrics, loop = train(CFG, out_dir=out, engine=engine, reporter=Reporters(recorder, ConsoleReporter(log)))
+    return out, recorder, loop, log.getvalue()
+
+
+def test_two_steps_change_the_actor_and_sync_it_to_the_engine(first_run, engine):
+    out, recorder, loop, log = first_run
+    assert sorted(recorder.steps) == [1, 2]
+    # some task instance had mixed outcomes, so there was a learning signal
+    assert any(m["adv/zero_groups_frac"] < 1 for m in recorder.steps.values())
+    initial = load_causal_lm(CFG.actor.model_path)
+    changed = [
+        name
+        for (name, p), q in zip(loop.model.named_parameters(), initial.parameters(), strict=True)
+        if not torch.equal(p, q)
+    ]
+    assert changed
+    # the engine serves the trained weights: its log-probs match the trainer's, not the initial model's
+    assert engine.weight_version == 2
+    seg = recorder.batches[2][0].segments[0]
+    prompt, completion = seg.prompt_ids, seg.response_ids[:8]
+    (served,) = engine.score([prompt], [completion])
+    with torch.no_grad():
+        (trained,) = sequence_logprobs(loop.model, [prompt], [completion])
+    assert (torch.tensor(served) - trained).abs().mean() < 0.1
+    # every action of step 2 came from the weights synced after step 1
+    assert all(e.weight_versions == [1] for e in recorder.batches[2])
+
+
+def test_the_run_reports_evaluation_and_timings(first_run):
+    out, recorder, loop, log = first_run
+    assert sorted(recorder.evals) == [0, 2]  # the untrained model, then the end
+    assert recorder.evals[0]["eval/episodes"] == 2
+    for m in recorder.steps.values():
+        for key in (
+            "time/rollout_s",
+            "time/recompute_s",
+            "time/backward_s",
+            "time/sync_s",
+            "rollout/tokens_per_s",
+        ):
+            assert m[key] > 0
+        assert 0 <= m["train/success"] <= 1 and m["train/episodes"] == 8
+    assert "step 2/2" in log and "rollout" in log and "eval after step 2" in log
+    assert not (out / "metrics.jsonl").exists()  # the caller's reporter replaces the default ones
+
+
+def test_a_checkpoint_resumes_at_the_next_step_with_the_same_config(first_run, engine, tmp_path):
+    out, recorder, loop, _ = first_run
+    state = read_checkpoint(out)
+    assert state.step == 2 and state.engine_version == 2 and state.config == CFG
+    assert (state.path / "actor" / "config.json").exists() and (state.path / "optimizer.pt").exists()
+
+    resumed = Recorder()
+    _, loop2 = train(CFG.with_overrides(steps=3), out_dir=out, resume=out, engine=engine, reporter=resumed)
+    assert sorted(resumed.steps) == [3]
+    assert sorted(resumed.evals) == [3]
+    assert read_checkpoint(out).step == 3
+    assert engine.weight_version > 2
+    # it started from the checkpoint's weights, not the initial model's
+    assert resumed.steps[3]["actor/engine_logp_diff"] < 0.1
+
+
+def test_resuming_with_a_different_config_is_refused(first_run, engine):
+    out, _, _, _ = first_run
+    with pytest.raises(ConfigError, match=r"actor\.lr: 0\.0001 in the checkpoint, 0\.001 now"):
+        train(CFG.with_overrides(**{"actor.lr": 1e-3}), out_dir=out, resume=out, engine=engine)
+
+
+def test_a_reporter_can_stop_the_run_and_it_is_checkpointed(engine, tmp_path):
+    recorder = Recorder(stop_after=1)
+    _, loop = train(CFG.with_overrides(steps=5), out_dir=tmp_path, engine=engine, reporter=recorder)
+    assert sorted(recorder.steps) == [1]
+    assert read_checkpoint(tmp_path).step == 1
+
+
+def test_the_command_line_builds_the_config_from_preset_flags_and_overrides(tmp_path):
+    import argparse
+
+    from trainer.train import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--config", "cpu", "--env", "MiniHack-Room-Dark-5x5", "--method", "grpo", "--steps", "7"]
+        + ["--set", "actor.lr=3e-5", "--set", "rollout.turn_limit=5"]
+    )
+    cfg = config_from_args(args)
+    assert (cfg.env, cfg.method, cfg.steps, cfg.actor.lr, cfg.rollout.turn_limit) == (
+        "MiniHack-Room-Dark-5x5",
+        "grpo",
+        7,
+        3e-5,
+        5,
+    )
+    assert main(["--method", "complementary", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert main(["--set", "actor.lr", "--out", str(tmp_path)]) == 2
