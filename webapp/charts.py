@@ -97,8 +97,9 @@ def bucket_size(max_step: int, max_points: int = MAX_POINTS) -> int:
 
 
 def lower_is_better(key: str) -> bool:
-    """Losses, times, latencies, failures, invalid actions and action counts: the best is the smallest."""
-    return any(word in key for word in ("loss", "time", "_s", "_ms", "latency", "fail", "invalid", "actions"))
+    """Losses, durations, latencies, failures, invalid actions and action counts: the best is the smallest."""
+    words = ("loss", "latency", "fail", "invalid", "truncated", "actions")
+    return any(w in key for w in words) or key.startswith("time") or key.endswith(("_s", "_ms"))
 
 
 def final_and_best(values: Sequence[float | None], key: str) -> tuple[float | None, float | None]:

@@ -176,7 +176,7 @@ const Studio = (() => {
       for (const metric of data.metrics) {
         const c = chartFor(metric);
         if (!c.lines.length) continue;
-        const title = (metric.kind === "eval" ? "eval " : "") + metric.key;
+        const title = metric.kind === "eval" && !metric.key.startsWith("eval/") ? "eval " + metric.key : metric.key;
         plots.push(makePlot(container, metric.kind + "-" + metric.key.replace(/[^a-zA-Z0-9_-]/g, "_"), title,
                             x === "wall" ? "wall time (s)" : "step", c.lines, c.data, c.extra));
       }

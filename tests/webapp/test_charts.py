@@ -67,3 +67,9 @@ def test_config_diff_shows_only_differing_dotted_keys():
     a = {"seed": 0, "actor": {"lr": 1e-5, "clip_eps": 0.2}}
     b = {"seed": 1, "actor": {"lr": 1e-5, "clip_eps": 0.3}}
     assert charts.config_diff([a, b]) == [("actor.clip_eps", [0.2, 0.3]), ("seed", [0, 1])]
+
+
+def test_what_counts_as_better():
+    assert charts.lower_is_better("actor/loss") and charts.lower_is_better("time/rollout_s")
+    assert charts.lower_is_better("eval/with_exp/actions") and charts.lower_is_better("experience/retrieve_s")
+    assert not charts.lower_is_better("experience/bank_size") and not charts.lower_is_better("train/success")
