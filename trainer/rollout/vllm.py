@@ -16,6 +16,7 @@ import gc
 import json
 import os
 import random
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ from trainer.models import ModelNotFound, is_checkpoint
 from trainer.rollout.base import Engine, EngineError, Generation, GenerationRequest
 
 _WARMUP_TOKENS = 8
-# vLLM's distributed state is process-wide and shared by all in-process engines (an actor and an
-# extractor can both run here): only the last engine to close may tear it down.
+# vLLM's distributed state and forward context are process-wide and shared by all in-process engines
+# (an actor and an extractor can both run here): only the last engine to close may tear the state
+# down, and engine calls from different threads must not interleave.
 _live_engines: set[int] = set()
+_ENGINE_LOCK = threading.RLock()
 
 
 class VLLMEngine(Engine):
@@ -95,18 +98,19 @@ class VLLMEngine(Engine):
             options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         elif not on_cpu:
             options["gpu_memory_utilization"] = gpu_memory_utilization
-        try:
-            self._llm = LLM(**options)
-        except TypeError as exc:  # an option vLLM does not know
-            _cleanup_if_last()
-            raise EngineError(f"vllm engine: bad option: {exc}") from exc
-        except Exception as exc:
-            _cleanup_if_last()
-            raise EngineError(
-                f"vllm engine: could not start for {self.model_path} with "
-                f"{ {k: v for k, v in options.items() if k != 'model'} }: {exc}"
-            ) from exc
-        _live_engines.add(id(self))
+        with _ENGINE_LOCK:
+            try:
+                self._llm = LLM(**options)
+            except TypeError as exc:  # an option vLLM does not know
+                _cleanup_if_last()
+                raise EngineError(f"vllm engine: bad option: {exc}") from exc
+            except Exception as exc:
+                _cleanup_if_last()
+                raise EngineError(
+                    f"vllm engine: could not start for {self.model_path} with "
+                    f"{ {k: v for k, v in options.items() if k != 'model'} }: {exc}"
+                ) from exc
+            _live_engines.add(id(self))
         if warmup:
             self._generate([GenerationRequest((1, 2, 3), max_new_tokens=_WARMUP_TOKENS, seed=0)] * 2)
 
@@ -134,7 +138,8 @@ class VLLMEngine(Engine):
 
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         params = [self._sampling_params(r) for r in requests]
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        with _ENGINE_LOCK:
+            outputs = self._llm.generate(prompts, params, use_tqdm=False)
         generations = []
         for output in outputs:
             completion = output.outputs[0]
@@ -159,7 +164,8 @@ class VLLMEngine(Engine):
         full = [TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompts, completions, strict=True)]
         # prompt_logprobs=0: each prompt position's own token, conditioned on everything before it
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outputs = self._llm.generate(full, params, use_tqdm=False)
+        with _ENGINE_LOCK:
+            outputs = self._llm.generate(full, params, use_tqdm=False)
         return [
             [step[token].logprob for step, token in zip(output.prompt_logprobs[len(p) :], c, strict=True)]
             for output, p, c in zip(outputs, prompts, completions, strict=True)
@@ -173,23 +179,25 @@ class VLLMEngine(Engine):
         embeddings = weights.get("model.embed_tokens.weight")
         if self._tied_embeddings and "lm_head.weight" not in weights and embeddings is not None:
             weights["lm_head.weight"] = embeddings
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-        self._llm.reset_prefix_cache()
+        with _ENGINE_LOCK:
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+            self._llm.reset_prefix_cache()
 
     def _close(self) -> None:
         import vllm.v1.engine.core as engine_core
 
         llm, self._llm = self._llm, None
-        _live_engines.discard(id(self))
         # EngineCore.shutdown tears down the process-wide distributed state, which would break the
         # other engines still running here: skip that step unless this engine is the last one.
-        teardown = engine_core.cleanup_dist_env_and_memory
-        if _live_engines:
-            engine_core.cleanup_dist_env_and_memory = gc.collect
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        finally:
-            engine_core.cleanup_dist_env_and_memory = teardown
+        with _ENGINE_LOCK:
+            _live_engines.discard(id(self))
+            teardown = engine_core.cleanup_dist_env_and_memory
+            if _live_engines:
+                engine_core.cleanup_dist_env_and_memory = gc.collect
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            finally:
+                engine_core.cleanup_dist_env_and_memory = teardown
         del llm
         gc.collect()
 

@@ -7,6 +7,7 @@ last because they change what it serves.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import jsonschema
@@ -115,9 +116,14 @@ def test_it_names_an_option_vllm_does_not_know(model_path):
         make_engine("vllm", model_path, no_such_option=1)
 
 
-def test_a_second_engine_runs_beside_the_first_and_closes_alone(engine, model_path, requests, generations):
+def test_a_second_engine_runs_beside_the_first_even_from_another_thread(
+    engine, model_path, requests, generations
+):
     with make_engine("vllm", model_path, warmup=False, **ENGINE_OPTIONS) as second:
-        assert second.generate(requests[2:])[0].token_ids == generations[2].token_ids
+        # an actor's and an extractor's engines are called from different threads
+        with ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda e: e.generate(requests[2:])[0].token_ids, [engine, second]))
+        assert both == [generations[2].token_ids] * 2
     assert second.closed
     assert engine.generate(requests[2:])[0].token_ids == generations[2].token_ids
 
