@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,22 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def server(transactional_db):
+def training_queue():
+    """The queue the test server sends launched runs to; emptied afterwards."""
+    name = f"e2e-training-{uuid.uuid4().hex[:8]}"
+    yield name
+    from webapp.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(name)
+
+
+@pytest.fixture
+def server(transactional_db, training_queue):
     """daphne serving the project against the test database; yields its base URL."""
     port = _free_port()
     env = os.environ | {
+        "E2E_TRAINING_QUEUE": training_queue,
         "STUDIO_DB_NAME": settings.DATABASES["default"]["NAME"],
         "DJANGO_SETTINGS_MODULE": "tests.e2e.settings_e2e",
         "PYTHONUNBUFFERED": "1",

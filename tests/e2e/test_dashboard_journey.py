@@ -150,7 +150,22 @@ def embedder():
     return default_embedder()
 
 
-def test_a_user_logs_in_launches_watches_curates_and_compares(server, browser_page, world, user):
+def _queued_run_ids(queue: str) -> list[int]:
+    """Run ids of the train_run messages waiting in ``queue`` (read without consuming them)."""
+    import base64
+    import json
+
+    from webapp.celery import app
+
+    with app.connection_for_write() as conn:
+        raw = conn.default_channel.client.lrange(queue, 0, -1)
+    bodies = [json.loads(base64.b64decode(json.loads(m)["body"])) for m in raw]
+    return [args[0] for args, _kwargs, _embed in bodies]
+
+
+def test_a_user_logs_in_launches_watches_curates_and_compares(
+    server, browser_page, world, user, training_queue
+):
     page, live, baseline = browser_page, world["live"], world["baseline"]
 
     # log in
