@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 HEARTBEAT_TIMEOUT_S = 120
@@ -31,6 +35,7 @@ class Run(models.Model):
         CANCELLED = "cancelled"
 
     name = models.CharField(max_length=200)
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False, help_text="Names its folder.")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")
     shared = models.BooleanField(default=False, help_text="Visible to every user, not just the owner.")
     tags = models.JSONField(default=list, blank=True)
@@ -74,10 +79,16 @@ class Run(models.Model):
         return "lost" if self.is_lost else self.status
 
     def claim(self, worker: str) -> bool:
-        """Take a queued run for this worker; False if someone else has it or it was cancelled."""
+        """Take this run for ``worker`` with one conditional UPDATE: a queued run, or a lost one (its worker
+        died; the task was redelivered). False if another worker has it, or it ended or was cancelled."""
         now = timezone.now()
-        claimed = Run.objects.filter(pk=self.pk, status=self.Status.QUEUED, cancel_requested=False).update(
-            status=self.Status.RUNNING, worker=worker, started_at=now, heartbeat_at=now
+        stale = now - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
+        claimable = Q(status=self.Status.QUEUED) | Q(status=self.Status.RUNNING, heartbeat_at__lt=stale)
+        claimed = Run.objects.filter(claimable, pk=self.pk, cancel_requested=False).update(
+            status=self.Status.RUNNING,
+            worker=worker,
+            started_at=Coalesce(F("started_at"), Value(now)),
+            heartbeat_at=now,
         )
         if claimed:
             self.refresh_from_db()

@@ -1,0 +1,92 @@
+"""Runs trained by a real Celery worker process: rows, checkpoints, cancellation, readable failures."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from trainer.config import get_preset
+from webapp.models import EpisodeRecord, MetricRow, Run
+from webapp.services import run_cancel
+from webapp.tasks import train_run
+from webapp.training import run_dir
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _tiny(**overrides) -> dict:
+    cfg = get_preset("cpu").with_overrides(
+        method="grpo", tasks_per_step=1, k_rollouts=2, eval_every=0, checkpoint_every=1,
+        **{"rollout.turn_limit": 2, "rollout.max_new_tokens": 12, "rollout.kv_cache_gib": 0.25}, **overrides,
+    )  # fmt: skip
+    return cfg.to_dict()
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+    return value
+
+
+@pytest.fixture
+def make_run(user):
+    """Runs of a tiny config; their folders (checkpoints are large) are removed afterwards."""
+    runs = []
+
+    def make(**overrides) -> Run:
+        cfg = _tiny(**overrides)
+        runs.append(
+            Run.objects.create(name="t", owner=user, method=cfg["method"], env=cfg["env"], config=cfg)
+        )
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        shutil.rmtree(run_dir(run), ignore_errors=True)
+
+
+def test_a_run_trains_on_a_real_worker_and_records_rows_episodes_and_checkpoints(make_run, celery_worker):
+    run = make_run(steps=2)
+    assert train_run.apply_async(args=[run.id], queue=celery_worker).get(timeout=600) == "succeeded"
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED and run.step == 2 and run.finished_at
+    assert list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True)) == [1, 2]
+    assert "train/success" in MetricRow.objects.get(run=run, step=2, kind="train").values
+    assert EpisodeRecord.objects.filter(run=run).count() == 2 * 2  # steps × (tasks × K)
+    assert sorted(p.name for p in Path(run.checkpoint_dir).glob("checkpoints/step-*"))[-1] == "step-000002"
+    assert run.environment["code_version"] and run.environment["torch"].startswith("2.")
+    # Delivered twice (acks_late): the second delivery finds the run taken and does nothing.
+    assert train_run.apply_async(args=[run.id], queue=celery_worker).get(timeout=60).startswith("run")
+
+
+def test_cancelling_a_running_run_stops_it_between_steps(make_run, celery_worker):
+    run = make_run(steps=200)
+    train_run.apply_async(args=[run.id], queue=celery_worker)
+    _wait_for(lambda: MetricRow.objects.filter(run=run).exists(), 600, "the first step")
+    run_cancel(Run.objects.get(pk=run.pk))
+    run = _wait_for(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 900, "cancel")
+    assert 1 <= run.step < 200 and run.finished_at
+
+
+def test_a_bad_config_fails_with_a_readable_message(make_run, celery_worker):
+    run = make_run(env="No-Such-Env")
+    assert train_run.apply_async(args=[run.id], queue=celery_worker).get(timeout=120) == "failed"
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and "No-Such-Env" in run.error.splitlines()[0]
+
+
+def test_a_lost_run_is_claimed_again_and_a_live_one_is_not(make_run):
+    run = make_run()
+    assert run.claim("w1")
+    assert not Run.objects.get(pk=run.pk).claim("w2")  # its worker beats: not lost
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    lost = Run.objects.get(pk=run.pk)
+    assert lost.display_status == "lost"
+    assert lost.claim("w2") and lost.worker == "w2" and lost.display_status == Run.Status.RUNNING

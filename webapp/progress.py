@@ -1,0 +1,99 @@
+"""The one progress path of a run: durable rows first, then a small live event to the run's group.
+
+``RunReporter`` plugs into the trainer's ``Reporter`` protocol (trainer/report.py). Rows are the
+record and the replay cursor: a browser that connects late catches up from them (see
+``selectors.metric_rows_since``), so a lost broadcast loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from django.utils import timezone
+
+from trainer.report import BaseReporter
+from webapp.events import broadcast_run_event
+from webapp.models import EpisodeRecord, MetricRow, Run
+from webapp.selectors import metric_event
+
+log = logging.getLogger(__name__)
+
+VERSION_METRICS = {"actor_version": "engine/weight_version", "extractor_version": "extractor/weight_version"}
+"""Run fields kept equal to the weight versions the loop reports."""
+
+
+def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
+    """JSON has no NaN/inf: store them as null so one bad number cannot lose a row."""
+    return {k: (float(v) if math.isfinite(float(v)) else None) for k, v in values.items()}
+
+
+class RunReporter(BaseReporter):
+    """Writes a run's metrics and episodes to PostgreSQL, beats its heartbeat, relays cancellation."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.started = time.monotonic()
+
+    def _wall(self) -> float:
+        return time.monotonic() - self.started
+
+    def _beat(self, **fields: Any) -> None:
+        Run.objects.filter(pk=self.run.pk).update(heartbeat_at=timezone.now(), **fields)
+
+    def _record(self, kind: str, step: int, metrics: Mapping[str, float]) -> None:
+        values = {"values": _finite(metrics), "wall_time": self._wall()}
+        row, _ = MetricRow.objects.update_or_create(run=self.run, kind=kind, step=step, defaults=values)
+        self._broadcast(metric_event(row))
+
+    def _broadcast(self, event: dict) -> None:
+        try:
+            broadcast_run_event(self.run.pk, event)
+        except Exception:  # noqa: BLE001 - the row is written; live viewers catch up from it
+            log.warning("run %s: live event not delivered", self.run.pk, exc_info=True)
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self._beat()
+        self._broadcast({"kind": "status", "status": Run.Status.RUNNING})
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._record(MetricRow.Kind.TRAIN, step, metrics)
+        versions = {field: int(metrics[key]) for field, key in VERSION_METRICS.items() if key in metrics}
+        self._beat(step=step, **versions)
+
+    def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._record(MetricRow.Kind.EVAL, step, metrics)
+        self._beat()
+
+    def on_episode_batch(self, step: int, episodes: Sequence[Any]) -> None:
+        EpisodeRecord.objects.bulk_create(episode_record(self.run, step, ep) for ep in episodes)
+
+    def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
+        self._broadcast({"kind": "trace", "step": step, **{k: str(v)[:2000] for k, v in trace.items()}})
+
+    def should_stop(self) -> bool:
+        self._beat()
+        return Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+
+
+def episode_record(run: Run, step: int, ep: Any) -> EpisodeRecord:
+    experience = ep.experience
+    return EpisodeRecord(
+        run=run,
+        step=step,
+        task_instance=ep.spec.group,
+        env=ep.spec.env_name,
+        seed=ep.spec.seed,
+        guided=ep.spec.guided,
+        experience_id=getattr(experience, "entry_id", None),
+        injected_experience=getattr(experience, "text", "") or "",
+        reward=float(ep.reward),
+        success=bool(ep.success),
+        num_actions=ep.num_actions,
+        turns=[asdict(t) for t in ep.turns],
+        actor_version=max(ep.weight_versions, default=0),
+    )

