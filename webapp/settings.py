@@ -163,5 +163,5 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"pgserver": {"level": "WARNING"}, "daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {name: {"level": "WARNING"} for name in ("pgserver", "daphne", "django.channels.server")},
 }

@@ -91,8 +91,8 @@ def test_the_run_command_serves_the_login_page_with_a_worker_and_ctrl_c_stops_ev
     port = _free_port()
     env = fresh_var | {"STUDIO_ADMIN_PASSWORD": "a long test password", "STUDIO_PORT": str(port)}
     up = subprocess.Popen(
-        [sys.executable, "manage.py", "up"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, "manage.py", "up"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         jar = CookieJar()
@@ -111,8 +111,9 @@ def test_the_run_command_serves_the_login_page_with_a_worker_and_ctrl_c_stops_ev
 
         # The admin account works: log in with the CSRF token from the form, reach the dashboard.
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-        form = urlencode({"username": "admin", "password": env["STUDIO_ADMIN_PASSWORD"], "csrfmiddlewaretoken": token})
-        request = urllib.request.Request(base + "/login/", data=form.encode(), headers={"Referer": base + "/login/"})
+        credentials = {"username": "admin", "password": env["STUDIO_ADMIN_PASSWORD"]}
+        form = urlencode(credentials | {"csrfmiddlewaretoken": token}).encode()
+        request = urllib.request.Request(base + "/login/", data=form, headers={"Referer": base + "/login/"})
         with opener.open(request, timeout=10) as response:
             assert response.status == 200 and "Runs" in response.read().decode()
 

@@ -77,7 +77,9 @@ async def test_a_websocket_to_someone_elses_private_run_is_refused(async_client,
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_a_group_message_from_a_celery_worker_reaches_a_logged_in_socket(async_client, user, celery_worker):
+async def test_a_group_message_from_a_celery_worker_reaches_a_logged_in_socket(
+    async_client, user, celery_worker
+):
     run = await Run.objects.acreate(name="r", owner=user)
     await async_client.aforce_login(user)
     communicator, connected = await _connect(run.id, async_client.cookies["sessionid"].value)
@@ -93,7 +95,8 @@ def _named_routes(resolver: URLResolver, prefix: str = "") -> list[str]:
     for pattern in resolver.url_patterns:
         if isinstance(pattern, URLResolver):
             if pattern.namespace != "admin":
-                names += _named_routes(pattern, prefix + (pattern.namespace + ":" if pattern.namespace else ""))
+                namespace = pattern.namespace + ":" if pattern.namespace else ""
+                names += _named_routes(pattern, prefix + namespace)
         elif isinstance(pattern, URLPattern) and pattern.name and not pattern.pattern.converters:
             names.append(prefix + pattern.name)
     return names

@@ -87,7 +87,7 @@ class TextEnv(abc.ABC):
         """How many instances this split holds, or None for a generator without bound."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most envs hold nothing
         """Free what the env holds (processes, files)."""
 
     # ---- the protocol --------------------------------------------------------------------

@@ -4,7 +4,7 @@ from trainer.models import default_model_path, is_checkpoint, minilm_path, prepa
 
 
 class Command(BaseCommand):
-    help = "Convert the packaged SmolLM2-135M-Instruct (GGUF) into a safetensors checkpoint once; locate MiniLM."
+    help = "Convert the packaged SmolLM2-135M-Instruct GGUF to safetensors once; locate MiniLM."
 
     def handle(self, *args, **options) -> None:
         if not is_checkpoint(default_model_path()):

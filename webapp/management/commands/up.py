@@ -35,7 +35,8 @@ class Command(BaseCommand):
         call_command("prepare_models")
         call_command("ensure_admin")
         children = self._start_children(host, port, no_worker)
-        self.stdout.write(self.style.SUCCESS(f"Complementary RL Studio: http://{host}:{port}/  (Ctrl-C stops)"))
+        url = f"http://{host}:{port}/"
+        self.stdout.write(self.style.SUCCESS(f"Complementary RL Studio: {url}  (Ctrl-C stops)"))
         try:
             self._wait(children)
         finally:
@@ -46,8 +47,9 @@ class Command(BaseCommand):
     def _start_children(self, host: str, port: int, no_worker: bool) -> list[subprocess.Popen]:
         python = sys.executable
         web = [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
+        slots = os.environ.get("STUDIO_WORKER_CONCURRENCY", "2")
         worker = [python, "-m", "celery", "-A", "webapp", "worker", "-Q", "training,default",
-                  "--concurrency", os.environ.get("STUDIO_WORKER_CONCURRENCY", "2"), "--loglevel", "INFO"]  # fmt: skip
+                  "--concurrency", slots, "--loglevel", "INFO"]  # fmt: skip
         commands = [web] if no_worker else [web, worker]
         # Own process groups: Ctrl-C reaches us once, and we stop the children in order.
         return [subprocess.Popen(cmd, start_new_session=True) for cmd in commands]
