@@ -367,9 +367,16 @@ def _episode(run, step, task, guided, reward, **fields) -> EpisodeRecord:
 def test_the_inspector_groups_a_steps_episodes_by_task_and_subgroup(client, user, other_user):
     run = _run(user)
     _episode(run, 1, 0, True, 1.0, injected_experience="go to the stairs <fast>", experience_id=9)
-    _episode(
-        run, 1, 0, False, 0.0, turns=[{"observation": "dark", "action": "east <x>"}, {"observation": "wall"}]
-    )
+    turns = [
+        {
+            "observation": "dark",
+            "action_text": "<search>stairs?</search>",
+            "action": None,
+            "intercepted": True,
+        },
+        {"observation": "Refined: east", "action_text": "east <x>", "action": "east", "reward": 0.0},
+    ]
+    _episode(run, 1, 0, False, 0.0, turns=turns)
     _episode(run, 1, 1, True, 0.0)
     _episode(run, 2, 0, True, 1.0)
     client.force_login(user)
@@ -377,6 +384,8 @@ def test_the_inspector_groups_a_steps_episodes_by_task_and_subgroup(client, user
     assert 'id="task-0"' in page and 'id="task-1"' in page
     assert "With experience (1)" in page and "Without experience (1)" in page
     assert "go to the stairs &lt;fast&gt;" in page and "east &lt;x&gt;" in page
+    assert "&lt;search&gt;stairs?&lt;/search&gt;" in page and page.count("Search-and-Ask exchange") == 1
+    assert page.index("Refined: east") < page.index("east &lt;x&gt;")  # observation before the action
     assert 'class="histogram"' in page and page.count('class="bin"') == 10
     latest = client.get(reverse("run_inspect", args=[run.id])).content.decode()
     assert "Rewards at step 2" in latest

@@ -50,7 +50,17 @@ def num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-TURN_ORDER = ("observation", "action", "reward", "tool_query", "tool_result", "experience", "done", "info")
+TURN_ORDER = (
+    "observation",
+    "action_text",
+    "action",
+    "reward",
+    "invalid",
+    "done",
+    "intercepted",
+    "finish_reason",
+)
+"""Fields of ``trainer.rollout.runner.Turn`` in reading order; others follow as recorded."""
 
 
 @register.filter
