@@ -75,7 +75,7 @@ class Experience(GenerationFields):
                 name="experience_embedding_hnsw",
                 fields=["embedding"],
                 m=16,
-                ef_construction=64,
+                ef_construction=128,
                 opclasses=["vector_cosine_ops"],
             ),
             models.Index(fields=["run", "scope", "deleted_at"], name="experience_bank_idx"),

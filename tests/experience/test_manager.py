@@ -133,6 +133,19 @@ def test_retrievals_are_counted_once_per_query(manager):
     assert heat.retrieval_count == 5 and heat.last_retrieved_at is not None
 
 
+def test_a_burst_of_queries_is_batched_and_identical_queries_share_one_search(manager):
+    add(manager, HEAT, COOL)
+    goals = ["heat a mug", "cool an apple", "heat a potato", "cool a tomato"]
+    queries = [f"goal: {g}, observation: a kitchen" for g in goals for _ in range(8)]  # 4 groups of 8
+    results = manager.retrieve(queries, "alfworld")
+    assert all(len(r) == 1 for r in results)
+    for i in range(0, 32, 8):  # a group gets one answer
+        assert len({r[0].id for r in results[i : i + 8]}) == 1
+    # Identical queries in a batch share a search; a burst submitted at once fills batches of up to 16.
+    assert manager.stats.queries == 32 and manager.stats.searches <= len(goals) * manager.stats.batches
+    assert manager.stats.batches < 32 and manager.stats.mean_batch > 1
+
+
 def test_a_just_retrieved_entry_is_demoted(manager):
     heat_id, cool_id = add(manager, HEAT, COOL)
     [[first]] = manager.retrieve([HEAT_QUERY], "alfworld")

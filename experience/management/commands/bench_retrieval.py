@@ -30,9 +30,11 @@ from psycopg.types.json import Jsonb
 from experience.embedding import Embedder
 from experience.manager import SEARCH_HNSW, ExperienceManager
 from experience.models import Experience
+from trainer.paths import cache_dir
 from webapp.models import Run
 
 SCOPE = "shared"
+HNSW = next(index for index in Experience._meta.indexes if index.name == "experience_embedding_hnsw")
 COPY_COLUMNS = """
     run_id:int8 scope:varchar title:varchar content:text embedding:vector embedding_model:varchar version:int4
     source_episode:varchar created_step:int4 updated_step:int4 retrieval_count:int4 training_count:int4
@@ -99,21 +101,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-        parser.add_argument("--texts", type=int, default=1500, help="Distinct embedded experience texts.")
+        parser.add_argument("--texts", type=int, default=1000, help="Distinct embedded experience texts.")
         parser.add_argument("--latency-queries", type=int, default=300)
         parser.add_argument("--throughput-queries", type=int, default=256)
         parser.add_argument("--recall-queries", type=int, default=300)
         parser.add_argument("--ef-search", type=int, nargs="+", default=[40, 64, 100, 200])
+        parser.add_argument("--ef-search-manager", type=int, default=None, help="Default: the manager's.")
+        parser.add_argument("--m", type=int, default=HNSW.m)
+        parser.add_argument("--ef-construction", type=int, default=HNSW.ef_construction)
         parser.add_argument("--seed", type=int, default=0)
 
     def handle(self, *args, **opts) -> None:
         db = settings.DATABASES["default"]
         db.setdefault("TEST", {})["NAME"] = f"bench_retrieval_{uuid.uuid4().hex[:8]}"
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        self.ef_search = opts["ef_search_manager"]
         try:
             self._bench(opts)
         finally:
             connection.creation.destroy_test_db(old_name, verbosity=0)
+
+    def _manager(self, run_id: int, embedder: Embedder, **kwargs) -> ExperienceManager:
+        if self.ef_search is not None:
+            kwargs["ef_search"] = self.ef_search
+        return ExperienceManager(run_id, embedder=embedder, **kwargs)
 
     def _say(self, text: str) -> None:
         self.stdout.write(text)
@@ -125,7 +136,12 @@ class Command(BaseCommand):
         t0 = time.perf_counter()
         embedder = Embedder()
         texts = [_experience_text(rng) for _ in range(opts["texts"])]
-        base = embedder.embed([f"{t}\n{c}" for t, c in texts])
+        cached = cache_dir("bench_retrieval") / f"{embedder.model_id}-{opts['seed']}-{len(texts)}.npy"
+        if cached.exists():
+            base = np.load(cached)
+        else:
+            base = embedder.embed([f"{t}\n{c}" for t, c in texts])
+            np.save(cached, base)
         self._say(
             f"embedder {embedder.model_id}: {len(texts)} experience texts embedded "
             f"in {time.perf_counter() - t0:.1f} s"
@@ -133,7 +149,7 @@ class Command(BaseCommand):
         owner = get_user_model().objects.create_user(f"bench-{uuid.uuid4().hex[:6]}")
         for size in opts["sizes"]:
             run = Run.objects.create(name=f"bench {size}", owner=owner)
-            vectors = self._fill(run.pk, size, texts, base, np_rng)
+            vectors = self._fill(run.pk, size, texts, base, np_rng, opts["m"], opts["ef_construction"])
             self._say(f"\n== bank of {size:,} entries ==")
             self._latency(run.pk, embedder, rng, opts["latency_queries"])
             self._throughput(run.pk, embedder, rng, opts["throughput_queries"])
@@ -144,7 +160,7 @@ class Command(BaseCommand):
 
     # ---- filling ---------------------------------------------------------------------------------
 
-    def _fill(self, run_id: int, size: int, texts, base: np.ndarray, np_rng) -> np.ndarray:
+    def _fill(self, run_id: int, size: int, texts, base: np.ndarray, np_rng, m: int, ef_c: int) -> np.ndarray:
         """Synthetic entries: a text's vector + 0.35 × another's + noise, renormalised; COPY, then index."""
         t0 = time.perf_counter()
         first = np_rng.integers(0, len(texts), size)
@@ -177,12 +193,12 @@ class Command(BaseCommand):
             cursor.execute("SET maintenance_work_mem = '1GB'")
             cursor.execute(
                 f"CREATE INDEX experience_embedding_hnsw ON {table} "
-                "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
+                f"USING hnsw (embedding vector_cosine_ops) WITH (m = {m}, ef_construction = {ef_c})"
             )
             cursor.execute(f"ANALYZE {table}")
         self._say(
             f"filled {size:,} rows with COPY in {loaded:.1f} s; "
-            f"HNSW index built in {time.perf_counter() - t1:.1f} s"
+            f"HNSW index (m={m}, ef_construction={ef_c}) built in {time.perf_counter() - t1:.1f} s"
         )
         return vectors
 
@@ -190,7 +206,7 @@ class Command(BaseCommand):
 
     def _latency(self, run_id: int, embedder: Embedder, rng: random.Random, n: int) -> None:
         tasks = [query(_goal(rng), _observation(rng)) for _ in range(n)]
-        with ExperienceManager(run_id, embedder=embedder) as manager:
+        with self._manager(run_id, embedder) as manager:
             manager.retrieve(tasks[:10], SCOPE)  # warm connections
             cold, warm = [], []
             for text in tasks:
@@ -215,28 +231,50 @@ class Command(BaseCommand):
             )
 
     def _throughput(self, run_id: int, embedder: Embedder, rng: random.Random, n: int) -> None:
-        """Fresh (never embedded) queries: one at a time (B=1, W=1) versus all submitted at once."""
-        one_by_one = [query(_goal(rng), _observation(rng)) + f" [{i}]" for i in range(n)]
-        batched = [query(_goal(rng), _observation(rng)) + f" <{i}>" for i in range(n)]
-        with ExperienceManager(run_id, embedder=embedder, batch_size=1, workers=1) as manager:
-            manager.retrieve(["warm up"], SCOPE)
-            t = time.perf_counter()
-            for text in one_by_one:
-                manager.retrieve([text], SCOPE)
-            single = n / (time.perf_counter() - t)
-        with ExperienceManager(run_id, embedder=embedder) as manager:
-            manager.retrieve(["warm up"] * 8, SCOPE)
-            t = time.perf_counter()
-            manager.retrieve(batched, SCOPE)
-            batch = n / (time.perf_counter() - t)
-            mean_batch = manager.stats.mean_batch
+        """Fresh (never embedded) queries: one at a time (B=1, W=1) versus all submitted at once.
+        The two modes alternate over 4 rounds so that a load spike on the machine hits both alike."""
+        fresh = iter([query(_goal(rng), _observation(rng)) + f" [{i}]" for i in range(2 * n + 64)])
+        rounds, per_round = 4, n // 4
+        texts = [next(fresh) for _ in range(64)]
+        t = time.perf_counter()
+        for text in texts[:32]:
+            embedder.embed([text])
+        one = time.perf_counter() - t
+        t = time.perf_counter()
+        for i in range(32, 64, 16):
+            embedder.embed(texts[i : i + 16])
         self._say(
-            f"throughput, fresh queries: one at a time {single:.0f} q/s; micro-batched {batch:.0f} q/s "
-            f"({batch / single:.1f}x, mean batch {mean_batch:.1f})"
+            f"embedding alone, fresh texts: batches of 16 are {one / (time.perf_counter() - t):.1f}x faster"
+        )
+        elapsed = {"one at a time": 0.0, "micro-batched": 0.0}
+        batches = queries = 0
+        for _ in range(rounds):
+            with self._manager(run_id, embedder, batch_size=1, workers=1) as manager:
+                manager.retrieve(["warm up"], SCOPE)
+                texts = [next(fresh) for _ in range(per_round)]
+                t = time.perf_counter()
+                for text in texts:
+                    manager.retrieve([text], SCOPE)
+                elapsed["one at a time"] += time.perf_counter() - t
+            with self._manager(run_id, embedder) as manager:
+                manager.retrieve(["warm up"] * 8, SCOPE)
+                texts = [next(fresh) for _ in range(per_round)]
+                b0 = manager.stats.batches
+                t = time.perf_counter()
+                manager.retrieve(texts, SCOPE)
+                elapsed["micro-batched"] += time.perf_counter() - t
+                batches, queries = batches + manager.stats.batches - b0, queries + len(texts)
+        mean_batch = queries / batches
+        single_rate = rounds * per_round / elapsed["one at a time"]
+        batch_rate = rounds * per_round / elapsed["micro-batched"]
+        self._say(
+            f"throughput, fresh queries: one at a time {single_rate:.0f} q/s; "
+            f"micro-batched {batch_rate:.0f} q/s ({batch_rate / single_rate:.1f}x, "
+            f"mean batch {mean_batch:.1f})"
         )
         # Many callers at once (rollout workers), each waiting for its own answer.
         callers = [query(_goal(rng), _observation(rng)) + f" ({i})" for i in range(n)]
-        with ExperienceManager(run_id, embedder=embedder) as manager:
+        with self._manager(run_id, embedder) as manager:
             manager.retrieve(["warm up"] * 8, SCOPE)
             chunks = [callers[i::32] for i in range(32)]
             threads = [
@@ -248,7 +286,9 @@ class Command(BaseCommand):
             for th in threads:
                 th.join()
             concurrent = n / (time.perf_counter() - t)
-        self._say(f"throughput, 32 concurrent callers: {concurrent:.0f} q/s ({concurrent / single:.1f}x)")
+        self._say(
+            f"throughput, 32 concurrent callers: {concurrent:.0f} q/s ({concurrent / single_rate:.1f}x)"
+        )
 
     def _recall(self, run_id, embedder, vectors: np.ndarray, rng, n: int, efs: list[int]) -> None:
         """HNSW top-1 (by distance, no re-rank) against an exact scan of the same float32 vectors."""
@@ -262,35 +302,46 @@ class Command(BaseCommand):
             "WHERE run_id = %s AND scope = %s AND deleted_at IS NULL "
             "ORDER BY embedding <=> %s::vector LIMIT 1"
         )
+        kinds = {"task queries": slice(0, n // 2), "near-entry queries": slice(n // 2, n)}
         results = []
         for ef in efs:
-            hits, times = 0, []
+            hits, times = np.zeros(len(queries), dtype=bool), []
             with connection.cursor() as cursor:
                 cursor.execute(f"SET hnsw.ef_search = {ef}")
-                for q, best in zip(queries, exact_best, strict=True):
+                for i, (q, best) in enumerate(zip(queries, exact_best, strict=True)):
                     text = str([float(x) for x in q])
                     t = time.perf_counter()
                     cursor.execute(sql, [text, run_id, SCOPE, text])
                     _, sim = cursor.fetchone()
                     times.append((time.perf_counter() - t) * 1000)
-                    hits += abs(sim - best) < 1e-5  # the exact top-1 (or an exact tie with it)
-            results.append(f"ef_search={ef}: {hits / len(queries):.3f} (p50 {_pct(times, 50):.2f} ms)")
-        self._say(f"HNSW recall@1 vs exact scan over {len(queries)} queries: " + "; ".join(results))
+                    hits[i] = abs(sim - best) < 1e-5  # the exact top-1 (or an exact tie with it)
+            by_kind = ", ".join(f"{kind} {hits[part].mean():.3f}" for kind, part in kinds.items())
+            results.append(f"  ef_search={ef}: {hits.mean():.3f} ({by_kind}); p50 {_pct(times, 50):.2f} ms")
+        self._say(f"HNSW recall@1 vs exact scan over {len(queries)} queries:\n" + "\n".join(results))
 
     def _cache_stream(self, run_id: int, embedder: Embedder, rng: random.Random) -> None:
-        """20 steps × 16 task instances × K/2 = 4 guided rollouts, tasks drawn from a pool of 400."""
+        """20 steps × 16 task instances × K/2 = 4 guided rollouts, tasks drawn from a pool of 400;
+        through the batching manager (a step's queries at once) and one query at a time, cache cleared."""
         pool = [query(_goal(rng), _observation(rng)) + f" #{i}" for i in range(400)]
-        embedder.clear_cache()
-        embedder.reset_stats()
-        with ExperienceManager(run_id, embedder=embedder) as manager:
-            t = time.perf_counter()
-            for _ in range(20):
-                step = [q for q in rng.sample(pool, 16) for _ in range(4)]
-                manager.retrieve(step, SCOPE)
-            elapsed = time.perf_counter() - t
-            searches = manager.stats.searches
-        self._say(
-            f"group-rollout stream (1280 queries): embedding cache hit rate {embedder.hit_rate:.1%}; "
-            f"{searches} SQL searches; {1280 / elapsed:.0f} q/s; "
-            f"{elapsed / 20 * 1000:.0f} ms of retrieval per step"
-        )
+        steps = [[q for q in rng.sample(pool, 16) for _ in range(4)] for _ in range(20)]
+        rates = {}
+        for mode, kwargs in (("one at a time", {"batch_size": 1, "workers": 1}), ("micro-batched", {})):
+            embedder.clear_cache()
+            embedder.reset_stats()
+            with self._manager(run_id, embedder, **kwargs) as manager:
+                t = time.perf_counter()
+                for step in steps:
+                    if kwargs:
+                        for q in step:
+                            manager.retrieve([q], SCOPE)
+                    else:
+                        manager.retrieve(step, SCOPE)
+                elapsed = time.perf_counter() - t
+                rates[mode] = 1280 / elapsed
+                self._say(
+                    f"group-rollout stream, {mode}: {rates[mode]:.0f} q/s, "
+                    f"{elapsed / 20 * 1000:.0f} ms of retrieval per step of 64; "
+                    f"embedding cache hit rate {embedder.hit_rate:.1%}; {manager.stats.searches} SQL searches"
+                )
+        gain = rates["micro-batched"] / rates["one at a time"]
+        self._say(f"group-rollout stream: micro-batched / one at a time = {gain:.1f}x")
