@@ -83,7 +83,7 @@ def test_masks_cover_exactly_the_generated_tokens(rollout, tokenizer):
         assert [len(r) for r in runs] == [t.num_tokens for t in e.turns]
         for seg in e.segments:
             assert len(seg.mask) == len(seg.response_ids) == len(seg.engine_logprobs)
-            assert all(lp < 0 or m for lp, m in zip(seg.engine_logprobs, seg.mask, strict=True))
+            assert all(lp <= 0 for lp in seg.engine_logprobs)
             assert all(lp == 0.0 for lp, m in zip(seg.engine_logprobs, seg.mask, strict=True) if not m)
 
 
