@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from trainer.rollout.runner import Episode
@@ -55,6 +55,10 @@ class BaseReporter:
     def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
         pass
 
+    def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
+        """A Search-and-Ask exchange of step ``step`` (query, entry, answer, episode, turn); optional: the
+        loop calls it only on reporters that have it (``trainer.coevolution.on_trace``)."""
+
     def should_stop(self) -> bool:
         return False
 
@@ -80,6 +84,12 @@ class Reporters(BaseReporter):
     def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
         for r in self.reporters:
             r.on_episode_batch(step, episodes)
+
+    def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
+        for r in self.reporters:
+            hook = getattr(r, "on_trace", None)
+            if hook is not None:
+                hook(step, trace)
 
     def should_stop(self) -> bool:
         return any(r.should_stop() for r in self.reporters)
