@@ -31,8 +31,7 @@ from trainer.models import load_causal_lm, load_tokenizer
 from trainer.report import ConsoleReporter, JsonlReporter, Reporter, Reporters
 from trainer.rollout.base import Engine, make_engine
 from trainer.rollout.runner import Retriever
-
-SUPPORTED_METHODS = ("grpo",)
+from trainer.store import ExperienceStore
 
 
 def build_engine(cfg: RunConfig) -> Engine:
@@ -64,18 +63,30 @@ def train(
     reporter: Reporter | None = None,
     engine: Engine | None = None,
     retrieve: Retriever | None = None,
+    store: ExperienceStore | None = None,
+    extractor_engine: Engine | None = None,
 ) -> tuple[Metrics, TrainingLoop]:
     """Train the actor of ``cfg``, writing checkpoints and ``metrics.jsonl`` under ``out_dir``.
+
+    Methods that use experience (static_online, exp_only, complementary) run ``trainer.coevolution.train``
+    with ``store`` (the run's experience bank, required) and ``extractor_engine`` (optional, reused).
 
     ``resume``: a checkpoint folder or a run's out dir (its latest checkpoint); the config must equal the
     checkpoint's except ``steps``. ``engine``: reuse a running engine (its weights are re-synced from the
     actor first); by default one is built from the config and closed at the end.
     Returns the last metrics and the loop (its ``last_checkpoint``, ``model`` ...).
     """
-    if cfg.method not in SUPPORTED_METHODS:
-        raise ConfigError(
-            f"method {cfg.method!r} needs the experience bank and the extractor, which this trainer does not "
-            f"run yet; use --method {' or '.join(SUPPORTED_METHODS)}"
+    if cfg.uses_experience:
+        from trainer import coevolution
+
+        return coevolution.train(
+            cfg,
+            store=store,
+            out_dir=out_dir,
+            resume=resume,
+            reporter=reporter,
+            engine=engine,
+            extractor_engine=extractor_engine,
         )
     make_mixture(cfg.env)  # fail before loading anything when the env name is wrong
     state = None
@@ -127,7 +138,11 @@ def train(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="a preset (cpu, paper) or a .json/.toml config file [cpu]")
     parser.add_argument("--env", help="an environment name or a task mixture (3-task, 6-task)")
-    parser.add_argument("--method", help="grpo (the only method this trainer runs yet)")
+    parser.add_argument(
+        "--method",
+        help="grpo, static_online, exp_only or complementary (all but grpo need the experience bank: "
+        "manage.py train)",
+    )
     parser.add_argument("--steps", type=int, help="actor steps in total")
     parser.add_argument(
         "--set",
