@@ -12,6 +12,7 @@ run: install
 
 test: install
 	$(PY) manage.py prepare_models
+	$(PY) -m trainer.envs.swe.build --sources-only
 	$(PY) -m pytest
 
 services-stop:

@@ -210,8 +210,8 @@ def build_train(log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     return instances
 
 
-def prepare(log: Callable[[str], None] = print) -> None:
-    """What the install step runs: eval sources downloaded and checked, train instances built."""
+def prepare(log: Callable[[str], None] = print, *, train: bool = True) -> None:
+    """Eval sources downloaded and checked; with ``train``, the train instances built (minutes)."""
     start = time.perf_counter()
     for p in PROJECTS.values():
         source_dir(p)
@@ -219,6 +219,8 @@ def prepare(log: Callable[[str], None] = print) -> None:
         tree = source_dir(PROJECTS[inst["repo"]])
         _check_gold(tree, inst)
     log(f"eval split: {len(load_instances('eval'))} instances, sources ready")
+    if not train:
+        return
     if not train_cache_path().exists():
         build_train(log)
     counts = Counter(i["repo"] for i in load_instances("train"))
@@ -254,13 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--freeze", action="store_true", help="rewrite the committed eval and tiny splits")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached train instances")
+    parser.add_argument(
+        "--sources-only", action="store_true", help="only download and check the sources (what tests need)"
+    )
     args = parser.parse_args(argv)
     if args.freeze:
         freeze()
         return
     if args.rebuild:
         train_cache_path().unlink(missing_ok=True)
-    prepare()
+    prepare(train=not args.sources_only)
 
 
 if __name__ == "__main__":
