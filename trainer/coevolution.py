@@ -35,7 +35,7 @@ from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
 from trainer.extractor.credit import CreditBuffer
-from trainer.extractor.model import DistilRequest, Extractor, SerialEngine
+from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack
 from trainer.extractor.update import ExtractorUpdate
@@ -346,7 +346,7 @@ def train(
     engine: Engine | None = None,
     extractor_engine: Engine | None = None,
 ) -> tuple[Metrics, TrainingLoop]:
-    """Train ``cfg`` with any method. ``store``: the run's experience bank (needed unless the method is grpo).
+    """Train ``cfg`` with a method that uses experience; ``store``: the run's experience bank.
     ``engine`` / ``extractor_engine``: reuse running engines (else built from the config, closed at the end).
     Returns the last metrics and the loop, like ``trainer.train.train``."""
     from trainer import train as plain
@@ -356,11 +356,12 @@ def train(
     from trainer.report import ConsoleReporter, JsonlReporter, Reporters
 
     if not cfg.uses_experience:
-        if cfg.method not in plain.SUPPORTED_METHODS:
-            raise ConfigError(f"method {cfg.method!r} is not supported")
-        return plain.train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, engine=engine)
+        raise ConfigError(f"method {cfg.method!r} uses no experience: train it with trainer.train.train")
     if store is None:
-        raise ConfigError(f"method {cfg.method!r} uses the experience bank: pass an experience store")
+        raise ConfigError(
+            f"method {cfg.method!r} uses the experience bank, which needs the database: pass an experience "
+            "store (manage.py train makes one)"
+        )
     make_mixture(cfg.env)
     state = None
     if resume is not None:
@@ -409,7 +410,7 @@ def train(
         reporter = reporter or Reporters(ConsoleReporter(), JsonlReporter(out_dir / "metrics.jsonl"))
         loop = CoevolutionLoop(
             cfg,
-            engine=SerialEngine(engine),  # type: ignore[arg-type]
+            engine=engine,
             model=model,
             tokenizer=tokenizer,
             out_dir=out_dir,

@@ -6,10 +6,9 @@
 per job) are used when the engine supports them (vLLM); the parsers are lenient either way, and every
 unparseable answer is counted in ``Extractor.stats`` rather than raised.
 
-In-process vLLM engines share process-wide state (the forward context), so two of them must not run a
-step at the same time: every engine call here holds ``ENGINE_LOCK``, and ``SerialEngine`` wraps the
-actor's engine so that its calls take the same lock. A call waits for at most one batch of the other
-model, never for a queue of work.
+The actor's and the extractor's in-process vLLM engines never run a step at the same time (the vLLM
+backend serialises its calls process-wide): a call waits for at most one batch of the other model, never
+for a queue of work.
 """
 
 from __future__ import annotations
@@ -25,34 +24,9 @@ from trainer.extractor import prompts as xp
 from trainer.rollout.base import Engine, GenerationRequest
 from trainer.store import Add, Entry, Generation, MergePlan, Op, Refinement, Return, Update
 
-ENGINE_LOCK = threading.RLock()
-"""Serialises steps of the engines that live in this process (actor and extractor)."""
-
 
 class StaleExtractorError(RuntimeError):
     """The extractor engine serves other weights than the trainer last synced to it."""
-
-
-class SerialEngine:
-    """An engine whose calls hold ``ENGINE_LOCK``; everything else is the wrapped engine's."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.inner = engine
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list:
-        with ENGINE_LOCK:
-            return self.inner.generate(requests)
-
-    def score(self, prompt_ids_list: Sequence[Sequence[int]], completion_ids_list: Sequence[Sequence[int]]):
-        with ENGINE_LOCK:
-            return self.inner.score(prompt_ids_list, completion_ids_list)
-
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        with ENGINE_LOCK:
-            self.inner.update_weights(state_dict, version)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 @dataclass(frozen=True)
@@ -163,8 +137,7 @@ class Extractor:
             )
             for t, schema in zip(texts, schemas, strict=True)
         ]
-        with ENGINE_LOCK:
-            outputs = self.engine.generate(requests)
+        outputs = self.engine.generate(requests)
         for out in outputs:
             if out.weight_version != self.expected_version:
                 raise StaleExtractorError(

@@ -124,8 +124,8 @@ def refine_messages(query: str, entry: Entry) -> list[dict[str, str]]:
 # ---- JSON schemas (vLLM structured outputs) --------------------------------------------------------
 
 
-def _text(max_length: int) -> dict[str, Any]:
-    return {"type": "string", "maxLength": max_length}
+def _text(max_length: int, min_length: int = 0) -> dict[str, Any]:
+    return {"type": "string", "minLength": min_length, "maxLength": max_length}
 
 
 def distil_schema(max_ops: int = 3, can_update: bool = True) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def distil_schema(max_ops: int = 3, can_update: bool = True) -> dict[str, Any]:
     ops = ["add", "update", "return"] if can_update else ["add", "return"]
     item = {
         "type": "object",
-        "properties": {"op": {"enum": ops}, "title": _text(TITLE_MAX), "content": _text(CONTENT_MAX)},
+        "properties": {"op": {"enum": ops}, "title": _text(TITLE_MAX, 1), "content": _text(CONTENT_MAX, 1)},
         "required": ["op", "title", "content"],
         "additionalProperties": False,
     }
@@ -171,7 +171,7 @@ def refine_schema() -> dict[str, Any]:
     """``{"advice": "..."}``."""
     return {
         "type": "object",
-        "properties": {"advice": _text(ADVICE_MAX)},
+        "properties": {"advice": _text(ADVICE_MAX, 1)},
         "required": ["advice"],
         "additionalProperties": False,
     }

@@ -21,7 +21,7 @@ import torch
 from trainer import losses
 from trainer.config import ExtractorConfig
 from trainer.extractor.credit import Batch, Record
-from trainer.extractor.model import ENGINE_LOCK, Extractor, StaleExtractorError
+from trainer.extractor.model import Extractor, StaleExtractorError
 from trainer.rollout.base import sequence_logprobs
 
 Metrics = dict[str, float]
@@ -130,8 +130,7 @@ class ExtractorUpdate:
         """Serve the trained weights from the extractor's engine, one version up; returns the seconds."""
         t0 = time.perf_counter()
         version = extractor.expected_version + 1
-        with ENGINE_LOCK:
-            extractor.engine.update_weights(self.model.state_dict(), version)
+        extractor.engine.update_weights(self.model.state_dict(), version)
         if extractor.engine.weight_version != version:
             raise StaleExtractorError(
                 f"the extractor engine reports weight version {extractor.engine.weight_version} after a sync "

@@ -1,0 +1,155 @@
+"""Rollout time of experience-guided vs experience-free episodes at the same batch (target: ≤ 5% overhead).
+
+    python benchmarks/bench_overhead.py [--tasks 2] [--k 8] [--repeat 5] [--entries 200]
+
+The same batch of MiniHack-Room-5x5 episodes (same instances, same sampling seeds) is played by the
+SmolLM2 actor on vLLM, alternately free and guided, ``--repeat`` times each. Guided episodes retrieve the
+top-1 entry of a bank of ``--entries`` entries through the real ExperienceManager (PostgreSQL + pgvector,
+MiniLM embeddings, micro-batching, diversification; a throwaway database) and carry it in their system
+prompt, so the guided figure includes both costs of the machinery: the retrieval and the longer prompts.
+
+Guided and free episodes may take different paths and lengths, so besides the wall time of a batch the
+benchmark compares the time per engine turn (one batched ``generate`` over the live episodes) and per
+generated token, and reports the retrieval time on its own. Overhead = guided / free − 1 on medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+ENV = "MiniHack-Room-5x5"
+LESSONS = [
+    ("Walk to the stairs", "Find the > sign on the map and move towards it, one step per turn."),
+    ("Avoid walls", "If a move does not change your position, a wall is in the way: try another direction."),
+    (
+        "Diagonals save turns",
+        "When the stairs are up and to the right, move northeast rather than north then east.",
+    ),
+    (
+        "Read the message line",
+        "The message line tells you what happened; 'You can't move there' means a wall.",
+    ),
+    ("Count the distance", "Count rows and columns between @ and >, then move along the longer axis first."),
+]
+
+
+def seed_bank(store, n: int) -> None:
+    from trainer.store import Add
+
+    ops = [
+        Add(ENV, f"{t} ({i})", f"{c} Variant {i}.") for i in range(n) for t, c in [LESSONS[i % len(LESSONS)]]
+    ]
+    for start in range(0, n, 50):
+        store.apply(ops[start : start + 50], step=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=2, help="task instances per batch")
+    parser.add_argument("--k", type=int, default=8, help="rollouts per task instance")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--entries", type=int, default=200, help="entries in the bank")
+    args = parser.parse_args()
+
+    import django
+    from django.conf import settings
+
+    from webapp import embedded
+
+    embedded.start_all()
+    settings.DATABASES["default"]["TEST"] = {"NAME": "bench_studio_overhead"}
+    django.setup()
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        run_benchmark(args)
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+def run_benchmark(args: argparse.Namespace) -> None:
+    from django.contrib.auth.models import User
+
+    from experience.manager import ExperienceManager
+    from trainer.coevolution import BankRetriever
+    from trainer.config import get_preset
+    from trainer.loop import sample_tasks
+    from trainer.models import default_model_path, load_tokenizer, prepare_default_models
+    from trainer.rollout.runner import EpisodeRunner, EpisodeSpec
+    from trainer.train import build_engine
+    from webapp.models import Run
+
+    path = prepare_default_models(default_model_path())
+    cfg = get_preset("cpu").with_overrides(
+        **{"env": ENV, "tasks_per_step": args.tasks, "k_rollouts": args.k, "actor.model_path": str(path)}
+    )
+    user, _ = User.objects.get_or_create(username="bench")
+    run = Run.objects.create(name="overhead", owner=user, config=cfg.to_dict())
+    r = cfg.rollout
+    engine = build_engine(cfg)
+    runner = EpisodeRunner(
+        engine,
+        load_tokenizer(path),
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        turn_limit=r.turn_limit,
+        context_tokens=r.context_tokens,
+    )
+    try:
+        with ExperienceManager(run.pk) as store:
+            seed_bank(store, args.entries)
+            retrieve = BankRetriever(store, cfg)
+            specs = sample_tasks(cfg, 1)
+            free = [EpisodeSpec(s.env_name, s.seed, s.group, False, s.sample_seed) for s in specs]
+            guided = [EpisodeSpec(s.env_name, s.seed, s.group, True, s.sample_seed) for s in specs]
+            runner.run(free)  # warm: engine, envs, embedder, connections
+            runner.run(guided, retrieve=retrieve)
+            rows: dict[str, list[tuple[float, float, float, float]]] = {"free": [], "guided": []}
+            for _ in range(args.repeat):
+                for name, batch, fn in (("free", free, None), ("guided", guided, retrieve)):
+                    episodes, stats = runner.run(batch, retrieve=fn)
+                    rows[name].append(
+                        (
+                            stats.wall_s,
+                            stats.wall_s / max(stats.engine_calls, 1),
+                            stats.wall_s / max(stats.generated_tokens, 1) * 1000,
+                            stats.retrieve_s * 1000,
+                        )
+                    )
+            prompt_tokens = {
+                name: statistics.mean(len(e.segments[0].prompt_ids) for e in runner.run(b, retrieve=fn)[0])
+                for name, b, fn in (("free", free, None), ("guided", guided, retrieve))
+            }
+    finally:
+        runner.close()
+        engine.close()
+
+    print(f"{ENV}: {len(specs)} episodes per batch, bank of {args.entries} entries, {args.repeat} repeats")
+    print(
+        f"mean opening prompt: free {prompt_tokens['free']:.0f} tokens, guided {prompt_tokens['guided']:.0f}"
+    )
+    print(f"{'':8} {'batch s':>9} {'s/turn':>8} {'ms/token':>9} {'retrieve ms':>12}")
+    med = {}
+    for name, values in rows.items():
+        med[name] = [statistics.median(col) for col in zip(*values, strict=True)]
+        batch_s, turn_s, tok_ms, ret_ms = med[name]
+        print(f"{name:8} {batch_s:9.2f} {turn_s:8.3f} {tok_ms:9.2f} {ret_ms:12.1f}")
+    for i, label in enumerate(("batch wall time", "time per turn", "time per token")):
+        print(f"overhead ({label}): {100 * (med['guided'][i] / med['free'][i] - 1):+.1f}% (target <= 5%)")
+    print(
+        f"retrieval alone: {100 * med['guided'][3] / 1000 / med['guided'][0]:.2f}% of the guided batch time"
+    )
+
+
+if __name__ == "__main__":
+    main()
