@@ -144,7 +144,7 @@ class Command(BaseCommand):
             np.save(cached, base)
         self._say(
             f"embedder {embedder.model_id}: {len(texts)} experience texts embedded "
-            f"in {time.perf_counter() - t0:.1f} s"
+            f"(or read from {cached.parent}) in {time.perf_counter() - t0:.1f} s"
         )
         owner = get_user_model().objects.create_user(f"bench-{uuid.uuid4().hex[:6]}")
         for size in opts["sizes"]:
