@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from trainer.config import get_preset
@@ -64,6 +66,11 @@ def test_a_run_trains_on_a_real_worker_and_records_rows_episodes_and_checkpoints
     assert run.environment["code_version"] and run.environment["torch"].startswith("2.")
     # Delivered twice (acks_late): the second delivery finds the run taken and does nothing.
     assert train_run.apply_async(args=[run.id], queue=celery_worker).get(timeout=60).startswith("run")
+
+    out = io.StringIO()
+    args = ["--engine", "hf", "--episodes", "2", "--no-experience"]
+    call_command("evaluate", run.checkpoint_dir, *args, stdout=out)
+    assert "MiniHack-Room-5x5" in out.getvalue() and "success w/o" in out.getvalue()
 
 
 def test_cancelling_a_running_run_stops_it_between_steps(make_run, celery_worker):
