@@ -122,7 +122,7 @@ def test_a_complementary_run_distils_merges_asks_and_trains_both_models(embedded
     # Search-and-Ask: the exchange is recorded, traced, and its answer was the episode's next observation
     exchanges = list(SearchAsk.objects.filter(run=run))
     assert exchanges and reporter.traces
-    assert all(t["query"] == "how do I reach the stairs?" for _, t in reporter.traces)
+    assert any(t["query"] == "how do I reach the stairs?" and t["answer"] for _, t in reporter.traces)
     assert exchanges[0].success is not None  # credited by the episode's outcome
     # the extractor took CISPO steps and its engine serves the new weights
     assert metrics["extractor/updates"] >= 1 and loop.extractor.expected_version >= 1
@@ -133,8 +133,13 @@ def test_a_complementary_run_distils_merges_asks_and_trains_both_models(embedded
     actor_signal = any(m["adv/abs_mean"] > 0 for _, m in reporter.steps)
     assert all("actor/grad_norm" in m for _, m in reporter.steps)
     assert changed(loop.model, reference) == actor_signal
-    assert changed(loop.extractor_update.model, reference) == (metrics["extractor/adv_abs_mean"] > 0)
-    print({"actor_signal": actor_signal, "extractor_adv": metrics["extractor/adv_abs_mean"]})
+    assert changed(loop.extractor_update.model, reference) == (metrics["extractor/updates_with_signal"] > 0)
+    print(
+        {
+            "actor_signal": actor_signal,
+            "extractor_updates_with_signal": metrics["extractor/updates_with_signal"],
+        }
+    )
     # metrics reach the reporter every step; evaluation reports both columns
     assert [s for s, _ in reporter.steps] == [1, 2, 3]
     assert reporter.steps[0][1]["experience/retrieval_active"] == 0.0

@@ -230,4 +230,4 @@ class ExtractorTrack:
             self.store.record_training(batch.entry_ids, step=batch.step)
             with self._lock:
                 self.last_update = metrics
-            self._count(updates=1)
+            self._count(updates=1, updates_with_signal=float(metrics["extractor/adv_abs_mean"] > 0))

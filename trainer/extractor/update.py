@@ -108,7 +108,7 @@ class ExtractorUpdate:
             "extractor/trained_samples": float(len(live)),
             "extractor/tokens": float(n_tok),
             "extractor/engine_logp_diff": mean_diff,
-            "extractor/stale_frac": sum(
+            "extractor/off_policy_frac": sum(
                 r.generation.weight_version != extractor.expected_version for r in records
             )
             / max(len(records), 1),
