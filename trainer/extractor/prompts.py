@@ -31,7 +31,7 @@ reusable experience: a short title and content with the context, a good action s
 rules, and mistakes to avoid. Keep it abstract (no instance-specific coordinates or names). Operations:
 - "add": a new entry;
 - "update": rewrite the retrieved entry shown below (only when one is shown);
-- "return": nothing worth keeping (title and content empty).
+- "return": nothing worth keeping (say why in one line).
 Answer with JSON only: {"operations": [{"op": "add", "title": "...", "content": "..."}]}, at most \
 {max_ops} operations."""
 

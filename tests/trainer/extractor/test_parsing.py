@@ -19,7 +19,7 @@ GOOD = json.dumps(
                 "title": "Reach the stairs",
                 "content": "Find > on the map and walk straight to it.",
             },
-            {"op": "return", "title": "", "content": ""},
+            {"op": "return", "title": "Nothing new", "content": "Same as before."},
         ]
     }
 )
