@@ -81,6 +81,7 @@ class Experience(GenerationFields):
             models.Index(fields=["run", "scope", "deleted_at"], name="experience_bank_idx"),
             GinIndex(search_document(), name="experience_fts"),
         ]
+        permissions = [("edit_bank", "Can edit, pin, delete, prune and import experience banks")]
 
     def __str__(self) -> str:
         return self.title

@@ -63,6 +63,7 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("launch_run", "Can launch, clone and resume runs")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"

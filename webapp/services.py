@@ -11,7 +11,7 @@ from trainer.config import RunConfig
 from webapp.events import broadcast_run_event
 from webapp.models import Run
 
-LAUNCH_PERMISSION = "webapp.add_run"
+LAUNCH_PERMISSION = "webapp.launch_run"
 """Who may launch, clone and resume runs (Django's model permission until a dedicated one exists)."""
 
 
@@ -19,7 +19,7 @@ class RunError(Exception):
     """An action on a run that cannot be done now; the message says why, for a person."""
 
 
-EDIT_BANK_PERMISSION = "experience.change_experience"
+EDIT_BANK_PERMISSION = "experience.edit_bank"
 """Who may edit, pin, delete, prune and import experiences (on runs they manage)."""
 
 

@@ -104,7 +104,8 @@ else:
             "CONN_MAX_AGE": 60,
         }
     }
-DATABASES["default"].setdefault("TEST", {})["NAME"] = "test_" + embedded.DB_NAME
+# STUDIO_TEST_DB: a test database of its own, for test sessions that run side by side.
+DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("STUDIO_TEST_DB", "test_" + embedded.DB_NAME)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---- Redis: Celery broker and Channels layer -------------------------------------------------

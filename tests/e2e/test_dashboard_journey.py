@@ -57,7 +57,7 @@ def _metrics(run: Run, steps: range, base: float) -> None:
 
 @pytest.fixture
 def world(user, embedder):
-    for codename in ("add_run", "change_experience"):
+    for codename in ("launch_run", "edit_bank"):
         user.user_permissions.add(Permission.objects.get(codename=codename))
     cfg = get_preset("cpu")
     baseline = Run.objects.create(

@@ -25,7 +25,7 @@ def embedder():
 
 @pytest.fixture
 def editor(user):
-    user.user_permissions.add(Permission.objects.get(codename="change_experience"))
+    user.user_permissions.add(Permission.objects.get(codename="edit_bank"))
     return user
 
 
@@ -162,7 +162,7 @@ def test_bad_edits_are_refused_with_a_message_and_change_nothing(client, editor,
 def test_viewers_of_a_shared_run_can_read_but_not_edit_and_private_banks_are_hidden(
     client, other_user, run, entries
 ):
-    other_user.user_permissions.add(Permission.objects.get(codename="change_experience"))
+    other_user.user_permissions.add(Permission.objects.get(codename="edit_bank"))
     e = entries[0]
     client.force_login(other_user)
     assert client.get(reverse("bank", args=[run.id])).status_code == 404

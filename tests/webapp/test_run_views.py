@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def launcher(user):
-    user.user_permissions.add(Permission.objects.get(codename="add_run", content_type__app_label="webapp"))
+    user.user_permissions.add(Permission.objects.get(codename="launch_run", content_type__app_label="webapp"))
     return user
 
 
