@@ -105,7 +105,8 @@ else:
         }
     }
 # STUDIO_TEST_DB: a test database of its own, for test sessions that run side by side.
-DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("STUDIO_TEST_DB", "test_" + embedded.DB_NAME)
+TEST_DB_NAME = os.environ.get("STUDIO_TEST_DB", "test_" + embedded.DB_NAME)
+DATABASES["default"].setdefault("TEST", {})["NAME"] = TEST_DB_NAME
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---- Redis: Celery broker and Channels layer -------------------------------------------------
