@@ -1,5 +1,11 @@
-"""End to end: a 2-step GRPO run on MiniHack-Room-5x5 with the real SmolLM2 model and the vLLM engine,
-its checkpoint, resuming from it, and the command line (one engine for this module)."""
+"""End to end: a 2-step GRPO run on MiniHack with the real SmolLM2 model and the vLLM engine, its
+checkpoint, resuming from it, and the command line (one engine for this module).
+
+MiniHack-Room-5x5 always starts in one corner with the stairs in the other (4 moves); an untrained
+135M model never gets there in a short test, so every reward is 0 and GRPO rightly does nothing. The
+test runs the same room with random placement instead, with a seed whose sampled instances (steps 1-3)
+start next to the stairs: rollouts then differ in outcome and the update has a signal.
+"""
 
 from __future__ import annotations
 
@@ -16,19 +22,21 @@ from trainer.rollout.base import sequence_logprobs
 from trainer.train import build_engine, config_from_args, main, train
 
 # Small enough for this machine; sampled at 0.7 so that rollouts of one task differ in outcome.
+# Seed 112: the instances of steps 1, 2 and 3 are each one move from the stairs.
 CFG = get_preset("cpu").with_overrides(
     **{
         "method": "grpo",
         "steps": 2,
-        "tasks_per_step": 2,
-        "k_rollouts": 4,
-        "seed": 1,
+        "env": "MiniHack-Room-Random-5x5",
+        "tasks_per_step": 1,
+        "k_rollouts": 6,
+        "seed": 112,
         "eval_every": 0,
         "eval_episodes": 2,
         "checkpoint_every": 0,
         "actor.lr": 1e-4,
         "rollout.max_new_tokens": 4,
-        "rollout.turn_limit": 3,
+        "rollout.turn_limit": 2,
         "rollout.temperature": 0.7,
         "rollout.context_tokens": 1024,
     }
@@ -91,7 +99,8 @@ def test_two_steps_change_the_actor_and_sync_it_to_the_engine(first_run, engine)
     (served,) = engine.score([prompt], [completion])
     with torch.no_grad():
         (trained,) = sequence_logprobs(loop.model, [prompt], [completion])
-    assert (torch.tensor(served) - trained).abs().mean() < 0.1
+    # bf16 engine: typical tokens agree to ~0.01; a rare unlikely token can be off by ~1
+    assert (torch.tensor(served) - trained).abs().median() < 0.05
     # every action of step 2 came from the weights synced after step 1
     assert all(e.weight_versions == [1] for e in recorder.batches[2])
 
@@ -109,7 +118,7 @@ def test_the_run_reports_evaluation_and_timings(first_run):
             "rollout/tokens_per_s",
         ):
             assert m[key] > 0
-        assert 0 <= m["train/success"] <= 1 and m["train/episodes"] == 8
+        assert 0 <= m["train/success"] <= 1 and m["train/episodes"] == 6
     assert "step 2/2" in log and "rollout" in log and "eval after step 2" in log
     assert not (out / "metrics.jsonl").exists()  # the caller's reporter replaces the default ones
 
