@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from collections.abc import Sequence
 from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
@@ -15,7 +16,7 @@ from django.conf import settings
 
 from trainer.config import RunConfig
 from trainer.paths import var_dir
-from trainer.report import JsonlReporter, Reporters
+from trainer.report import JsonlReporter, Reporter, Reporters
 from webapp.models import Run
 from webapp.progress import RunReporter
 
@@ -49,15 +50,19 @@ def _resume_point(run: Run, out_dir: Path) -> Path | None:
     return Path(run.resume_from) if run.resume_from else None
 
 
-def run_training(run: Run) -> str:
-    """Train ``run`` to the end or until cancelled; return its final status."""
+def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequence[Reporter] = ()) -> str:
+    """Train ``run`` to the end or until cancelled; return its final status.
+
+    The Celery task and ``manage.py train`` both come here, so a run behaves the same from either.
+    """
     from trainer.train import train
 
     cfg = RunConfig.from_dict(run.config)
-    out_dir = run_dir(run)
+    out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
-    reporter = Reporters(RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"))
+    reporters = [RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"), *extra_reporters]
+    reporter = Reporters(*reporters)
     with ExitStack() as stack:
         extra = {}
         if cfg.uses_experience:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from trainer.config import get_preset
@@ -97,3 +97,24 @@ def test_a_lost_run_is_claimed_again_and_a_live_one_is_not(make_run):
     lost = Run.objects.get(pk=run.pk)
     assert lost.display_status == "lost"
     assert lost.claim("w2") and lost.worker == "w2" and lost.display_status == Run.Status.RUNNING
+
+
+def test_manage_py_train_records_its_run_for_the_dashboard(user, tmp_path):
+    out = io.StringIO()
+    overrides = ["tasks_per_step=1", "k_rollouts=2", "eval_every=0", "checkpoint_every=1",
+                 "rollout.engine=hf", "rollout.turn_limit=2", "rollout.max_new_tokens=8"]  # fmt: skip
+    args = ["--config", "cpu", "--method", "grpo", "--steps", "1", "--owner", user.username]
+    args += ["--out", tmp_path]
+    call_command("train", *args, *[f"--set={o}" for o in overrides], stdout=out)
+    run = Run.objects.get(owner=user)
+    assert run.status == Run.Status.SUCCEEDED and run.step == 1 and run.checkpoint_dir == str(tmp_path)
+    assert MetricRow.objects.filter(run=run, kind="train").count() == 1
+    assert f"run {run.pk} succeeded" in out.getvalue() and "step 1/1" in out.getvalue()
+
+
+def test_manage_py_train_refuses_an_unknown_owner_and_a_bad_override(user):
+    with pytest.raises(CommandError, match="no user 'nobody'"):
+        call_command("train", "--owner", "nobody", "--steps", "1")
+    with pytest.raises(CommandError, match="k_rollouts"):
+        call_command("train", "--owner", user.username, "--set", "k_rollouts=7")
+    assert not Run.objects.exists()
