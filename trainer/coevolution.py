@@ -321,19 +321,9 @@ class CoevolutionLoop(TrainingLoop):
 
 def build_extractor_engine(cfg: RunConfig) -> Engine:
     """πϕ's inference engine, configured like the actor's (``cfg.rollout``) but for the extractor model."""
-    from trainer.rollout.base import make_engine
+    from trainer.rollout.base import engine_from_config
 
-    r = cfg.rollout
-    if r.engine == "vllm":
-        return make_engine(
-            "vllm",
-            cfg.extractor.model_path,
-            dtype=r.dtype,
-            max_model_len=r.context_tokens,
-            kv_cache_memory_bytes=int(r.kv_cache_gib * 2**30),
-            seed=cfg.seed + 1,
-        )
-    return make_engine("hf", cfg.extractor.model_path, dtype=r.dtype)
+    return engine_from_config(cfg.extractor.model_path, cfg.rollout, seed=cfg.seed + 1)
 
 
 def train(

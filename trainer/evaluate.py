@@ -94,19 +94,13 @@ def evaluate_checkpoint(
     """
     from trainer.checkpoint import read_checkpoint
     from trainer.models import load_tokenizer
-    from trainer.rollout.base import make_engine
+    from trainer.rollout.base import engine_from_config
 
     state = read_checkpoint(Path(path))
     cfg = state.config
     actor_dir = state.path / "actor"
     r = cfg.rollout
-    name = engine_name or r.engine
-    options = (
-        dict(dtype=r.dtype, max_model_len=r.context_tokens, kv_cache_memory_bytes=int(r.kv_cache_gib * 2**30))
-        if name == "vllm"
-        else dict(dtype=r.dtype)
-    )
-    engine = make_engine(name, actor_dir, **options)
+    engine = engine_from_config(actor_dir, r, name=engine_name or "")
     runner = EpisodeRunner(
         engine,
         load_tokenizer(actor_dir),

@@ -29,24 +29,14 @@ from trainer.envs.base import make_mixture
 from trainer.loop import Metrics, TrainingLoop
 from trainer.models import load_causal_lm, load_tokenizer
 from trainer.report import ConsoleReporter, JsonlReporter, Reporter, Reporters
-from trainer.rollout.base import Engine, make_engine
+from trainer.rollout.base import Engine, engine_from_config
 from trainer.rollout.runner import Retriever
 from trainer.store import ExperienceStore
 
 
 def build_engine(cfg: RunConfig) -> Engine:
     """The rollout engine of ``cfg.rollout`` serving the actor's initial weights."""
-    r = cfg.rollout
-    if r.engine == "vllm":
-        return make_engine(
-            "vllm",
-            cfg.actor.model_path,
-            dtype=r.dtype,
-            max_model_len=r.context_tokens,
-            kv_cache_memory_bytes=int(r.kv_cache_gib * 2**30),
-            seed=cfg.seed,
-        )
-    return make_engine("hf", cfg.actor.model_path, dtype=r.dtype)
+    return engine_from_config(cfg.actor.model_path, cfg.rollout, seed=cfg.seed)
 
 
 def seed_everything(seed: int) -> None:

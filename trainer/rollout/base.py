@@ -229,3 +229,20 @@ def sequence_logprobs(
             target = input_ids[i, P : P + C]
             out.append(row.gather(-1, target[:, None]).squeeze(-1) - row.logsumexp(-1))
     return out
+
+
+def engine_from_config(
+    model_path: Path | str, rollout: Any, *, seed: int | None = None, name: str = ""
+) -> Engine:
+    """An engine for ``model_path`` set up from a ``RolloutConfig`` (backend: ``name`` or its ``engine``)."""
+    name = name or rollout.engine
+    if name == "vllm":
+        return make_engine(
+            "vllm",
+            model_path,
+            dtype=rollout.dtype,
+            max_model_len=rollout.context_tokens,
+            kv_cache_memory_bytes=int(rollout.kv_cache_gib * 2**30),
+            seed=seed,
+        )
+    return make_engine(name, model_path, dtype=rollout.dtype)
