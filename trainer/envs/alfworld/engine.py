@@ -121,6 +121,6 @@ class Engine:
         return list(self._pddl._pddl_state.replan(self._pddl._entity_infos))
 
     def close(self) -> None:
-        from fast_downward import close_lib
-
-        close_lib(self._pddl.downward_lib)
+        # Free the planner's memory but keep its library mapped: fast_downward.close_lib also dlcloses it,
+        # and the C++ exit handlers it registered then crash the interpreter at exit (SIGSEGV).
+        self._pddl.downward_lib.cleanup()
