@@ -118,8 +118,9 @@ def evaluate_checkpoint(
     return metrics
 
 
-def summary_table(metrics: Metrics, names: Sequence[str] = ()) -> str:
-    """The two columns as a small text table (success rate and mean actions, with / without experience)."""
+def summary_table(metrics: Metrics, names: Sequence[str] = (), mean_label: str = "mean") -> str:
+    """The two columns as a small text table (success rate and mean actions, with / without experience):
+    a row per env in ``names``, then the mean row (labelled ``mean_label``: the env's name for one env)."""
     lines = [f"{'env':<28} {'success w/o':>11} {'success w/':>10} {'actions w/o':>11} {'actions w/':>10}"]
     for name in [*names, ""]:
         key = f"{name}/" if name else ""
@@ -128,7 +129,7 @@ def summary_table(metrics: Metrics, names: Sequence[str] = ()) -> str:
             v = metrics.get(f"eval/{col}{key}{k}")
             return f"{v:.3f}" if v is not None else "-"
 
-        label = name or "mean"
+        label = name or mean_label
         lines.append(
             f"{label:<28} {get('', 'success'):>11} {get(WITH_EXP, 'success'):>10} "
             f"{get('', 'actions'):>11} {get(WITH_EXP, 'actions'):>10}"

@@ -6,6 +6,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from trainer.checkpoint import read_checkpoint
+from trainer.envs import make_mixture
 from webapp.models import Run
 
 
@@ -43,7 +44,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"with experience from the bank of run {bank.pk} ({bank.name})")
             options = {"env": opts["env"], "episodes": opts["episodes"], "engine_name": opts["engine"]}
             metrics = evaluate_checkpoint(path, retrieve=retrieve, **options)
-        self.stdout.write(summary_table(metrics))
+        env = opts["env"] or state.config.env
+        names = make_mixture(env).names
+        table = summary_table(metrics, names) if len(names) > 1 else summary_table(metrics, mean_label=env)
+        self.stdout.write(table)
 
     def _bank_run(self, path: Path, run_id: int | None) -> Run | None:
         if run_id is not None:
