@@ -340,8 +340,6 @@ def train(
     ``engine`` / ``extractor_engine``: reuse running engines (else built from the config, closed at the end).
     Returns the last metrics and the loop, like ``trainer.train.train``."""
     from trainer import train as plain
-    from trainer.actor import ActorUpdate
-    from trainer.checkpoint import check_resumable, load_checkpoint, read_checkpoint
     from trainer.models import load_causal_lm, load_tokenizer
     from trainer.report import ConsoleReporter, JsonlReporter, Reporters
 
@@ -352,25 +350,8 @@ def train(
             f"method {cfg.method!r} uses the experience bank, which needs the database: pass an experience "
             "store (manage.py train makes one)"
         )
-    make_mixture(cfg.env)
-    state = None
-    if resume is not None:
-        state = read_checkpoint(Path(resume))
-        check_resumable(state.config, cfg)
-        if state.step >= cfg.steps:
-            raise ConfigError(
-                f"the checkpoint is at step {state.step} already; pass --steps above it to go on"
-            )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-
-    plain.seed_everything(cfg.seed)
-    tokenizer = load_tokenizer(cfg.actor.model_path)
-    model = load_causal_lm(cfg.actor.model_path)
-    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
-    if state is not None:
-        load_checkpoint(state, model=model, optimizer=actor.optimizer)
+    state, tokenizer, model, actor = plain.prepare_actor(cfg, out_dir, resume)
     x_tokenizer = load_tokenizer(cfg.extractor.model_path)
     x_update = None
     if cfg.extractor_trains:
@@ -383,8 +364,7 @@ def train(
     engine = plain.build_engine(cfg) if engine is None else engine
     try:
         extractor_engine = build_extractor_engine(cfg) if extractor_engine is None else extractor_engine
-        if state is not None or engine.weight_version != 0:
-            actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
+        plain.sync_if_stale(actor, engine, state)
         x = cfg.extractor
         extractor = Extractor(
             extractor_engine,

@@ -16,14 +16,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
 
 from trainer import paths
 from trainer.actor import ActorUpdate
-from trainer.checkpoint import check_resumable, load_checkpoint, read_checkpoint
+from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
 from trainer.config import ConfigError, RunConfig, get_preset
 from trainer.envs.base import make_mixture
 from trainer.loop import Metrics, TrainingLoop
@@ -43,6 +43,37 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def prepare_actor(
+    cfg: RunConfig, out_dir: Path, resume: Path | None
+) -> tuple[CheckpointState | None, Any, Any, ActorUpdate]:
+    """What every method does before its loop: check the env and the checkpoint to resume (before loading
+    anything), write the run's config, seed, load the actor (and its optimiser state when resuming)."""
+    make_mixture(cfg.env)
+    state = None
+    if resume is not None:
+        state = read_checkpoint(Path(resume))
+        check_resumable(state.config, cfg)
+        if state.step >= cfg.steps:
+            raise ConfigError(
+                f"the checkpoint is at step {state.step} already; pass --steps above it to go on"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    seed_everything(cfg.seed)
+    tokenizer = load_tokenizer(cfg.actor.model_path)
+    model = load_causal_lm(cfg.actor.model_path)
+    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
+    if state is not None:
+        load_checkpoint(state, model=model, optimizer=actor.optimizer)
+    return state, tokenizer, model, actor
+
+
+def sync_if_stale(actor: ActorUpdate, engine: Engine, state: CheckpointState | None) -> None:
+    """The engine must serve the actor's weights: after a resume, or when it served another run before."""
+    if state is not None or engine.weight_version != 0:
+        actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
 
 
 def train(
@@ -78,32 +109,13 @@ def train(
             engine=engine,
             extractor_engine=extractor_engine,
         )
-    make_mixture(cfg.env)  # fail before loading anything when the env name is wrong
-    state = None
-    if resume is not None:
-        state = read_checkpoint(Path(resume))
-        check_resumable(state.config, cfg)
-        if state.step >= cfg.steps:
-            raise ConfigError(
-                f"the checkpoint is at step {state.step} already; pass --steps above it to go on"
-            )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-
-    seed_everything(cfg.seed)
-    tokenizer = load_tokenizer(cfg.actor.model_path)
-    model = load_causal_lm(cfg.actor.model_path)
-    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
-    if state is not None:
-        load_checkpoint(state, model=model, optimizer=actor.optimizer)
+    state, tokenizer, model, actor = prepare_actor(cfg, out_dir, resume)
 
     own_engine = engine is None
     engine = build_engine(cfg) if engine is None else engine
     try:
-        # the engine must serve the actor's weights: after a resume, or when it served another run before
-        if state is not None or engine.weight_version != 0:
-            actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
+        sync_if_stale(actor, engine, state)
         reporter = reporter or Reporters(ConsoleReporter(), JsonlReporter(out_dir / "metrics.jsonl"))
         loop = TrainingLoop(
             cfg,
