@@ -1,5 +1,6 @@
 """Text environments behind one protocol (see ``base.py``). Importing this package registers them."""
 
+from trainer.envs import alfworld, minihack, sokoban, swe, webshop  # noqa: F401,E402  (register)
 from trainer.envs.base import (  # noqa: F401
     MIXTURES,
     StepInfo,
@@ -10,4 +11,3 @@ from trainer.envs.base import (  # noqa: F401
     make_mixture,
     register_env,
 )
-from trainer.envs import alfworld, minihack, sokoban, swe, webshop  # noqa: F401,E402  (register)
