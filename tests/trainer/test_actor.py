@@ -136,7 +136,9 @@ def test_micro_batching_gives_the_full_batch_gradient(base_model, batch):
         grads.append((metrics["actor/loss"], torch.cat([p.grad.flatten() for p in model.parameters()])))
     (loss_a, grad_a), (loss_b, grad_b) = grads
     assert loss_a == pytest.approx(loss_b, rel=1e-4, abs=1e-7)
-    assert torch.allclose(grad_a, grad_b, rtol=1e-3, atol=1e-6)
+    # float32 sums in a different order: equal up to rounding, relative to the gradient's size
+    assert float((grad_a - grad_b).norm() / grad_a.norm()) < 1e-4
+    assert float((grad_a - grad_b).abs().max()) < 1e-4 * float(grad_a.abs().max())
 
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"])

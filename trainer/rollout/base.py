@@ -198,37 +198,78 @@ def sequence_logprobs(
     completion_ids_list: Sequence[Sequence[int]],
     *,
     batch_size: int = 16,
+    masks: Sequence[Sequence[int]] | None = None,
 ) -> list[torch.Tensor]:
     """Log-probability of every completion token under ``model``, given its prompt.
 
     Returns one 1-D float32 tensor per completion (length = completion length), on the model's
     device. Gradients flow when the caller's grad mode allows it; wrap in ``torch.no_grad()`` to
     recompute old log-probs. Sequences are right-padded in minibatches of ``batch_size``.
+
+    With ``masks`` (1 = needed, one per completion) only those tokens are scored; the others read 0.
+    The vocabulary projection is applied only at the scored positions, not at every position of the
+    sequence: in a multi-turn episode the actor's own tokens are a few percent of it, and the full
+    (B, T, vocab) logits tensor would be most of the step's memory and a fifth of its compute.
     """
     import torch
 
     if len(prompt_ids_list) != len(completion_ids_list):
         raise ValueError("sequence_logprobs needs as many prompts as completions")
+    if masks is None:
+        masks = [[1] * len(c) for c in completion_ids_list]
     device = next(model.parameters()).device
     out: list[torch.Tensor] = []
     for start in range(0, len(prompt_ids_list), batch_size):
-        mb_prompts = prompt_ids_list[start : start + batch_size]
-        mb_completions = completion_ids_list[start : start + batch_size]
-        seqs = [list(p) + list(c) for p, c in zip(mb_prompts, mb_completions, strict=True)]
-        B, T = len(seqs), max(len(s) for s in seqs)
-        input_ids = torch.zeros(B, T, dtype=torch.long, device=device)
-        attention_mask = torch.zeros(B, T, dtype=torch.long, device=device)
-        for i, seq in enumerate(seqs):
-            input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[i, : len(seq)] = 1
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
-        for i, (prompt, completion) in enumerate(zip(mb_prompts, mb_completions, strict=True)):
-            P, C = len(prompt), len(completion)
-            # the token at position t is predicted by the logits at t - 1
-            row = logits[i, P - 1 : P + C - 1]  # (C, V)
-            target = input_ids[i, P : P + C]
-            out.append(row.gather(-1, target[:, None]).squeeze(-1) - row.logsumexp(-1))
+        window = slice(start, start + batch_size)
+        out += _minibatch_logprobs(
+            model, prompt_ids_list[window], completion_ids_list[window], masks[window], device
+        )
     return out
+
+
+def _minibatch_logprobs(model, prompts, completions, masks, device) -> list[torch.Tensor]:
+    import torch
+
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+    B, T = len(seqs), max(len(s) for s in seqs)
+    input_ids = torch.zeros(B, T, dtype=torch.long, device=device)
+    attention_mask = torch.zeros(B, T, dtype=torch.long, device=device)
+    for i, seq in enumerate(seqs):
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[i, : len(seq)] = 1
+    # the token at position t is predicted by the output at t - 1
+    rows, cols, where = [], [], []
+    for i, (prompt, mask) in enumerate(zip(prompts, masks, strict=True)):
+        kept = [t for t, m in enumerate(mask) if m]
+        rows += [i] * len(kept)
+        cols += [len(prompt) - 1 + t for t in kept]
+        where.append(kept)
+    rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+    logits = _logits_at(model, input_ids, attention_mask, rows_t, cols_t).float()  # (N, V)
+    targets = input_ids[rows_t, cols_t + 1]
+    picked = logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    out, n = [], 0
+    for completion, kept in zip(completions, where, strict=True):
+        row = torch.zeros(len(completion), dtype=torch.float32, device=device)
+        if kept:
+            row = row.index_put((torch.tensor(kept, device=device),), picked[n : n + len(kept)])
+        out.append(row)
+        n += len(kept)
+    return out
+
+
+def _logits_at(model, input_ids, attention_mask, rows, cols) -> torch.Tensor:
+    """The model's logits at positions (rows[i], cols[i]): the decoder once, the output head only there.
+
+    Models that post-process logits (soft-capping, scaling) go through their own full forward instead.
+    """
+    head = model.get_output_embeddings()
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    post = any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+    if head is None or base is None or post:
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits[rows, cols]
+    hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return head(hidden[rows, cols])
 
 
 def engine_from_config(

@@ -56,6 +56,19 @@ def test_sequence_logprobs_match_one_sequence_at_a_time_despite_padding(model_pa
             torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
+def test_sequence_logprobs_score_only_the_masked_tokens(model_path):
+    model = load_causal_lm(model_path)
+    prompts, completions = [[1, 9690, 198], [1, 4093]], [[359, 253, 5356, 2], [6004, 2, 198]]
+    masks = [[0, 1, 0, 1], [0, 0, 0]]
+    with torch.no_grad():
+        full = sequence_logprobs(model, prompts, completions)
+        some = sequence_logprobs(model, prompts, completions, masks=masks)
+    for f, s, m in zip(full, some, masks, strict=True):
+        m = torch.tensor(m, dtype=torch.bool)
+        torch.testing.assert_close(s[m], f[m], atol=1e-5, rtol=0)
+        assert s.shape == f.shape and not s[~m].any()
+
+
 def test_sequence_logprobs_carry_gradients_for_the_policy_loss(model_path):
     model = load_causal_lm(model_path)
     (logp,) = sequence_logprobs(model, [[1, 4093, 198]], [[6004, 2]])
