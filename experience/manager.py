@@ -187,6 +187,9 @@ class ExperienceManager:
         with _live_lock:
             _live.pop(self.run_id, None)
 
+    def close_thread(self) -> None:
+        connection.close()  # Django's connections are per thread: a thread that ends closes its own
+
     # ---- retrieval -----------------------------------------------------------------------------------
 
     def submit(self, query: str, scope: str, k: int = 1) -> Future:

@@ -6,6 +6,8 @@ Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
     optimizer.pt    AdamW state
     rng.pt          Python, NumPy and torch RNG states
     state.json      {"step", "engine_version", "config"}
+    extractor/      methods that train πϕ: its model folder, version.json, state.pt (AdamW state and the
+                    credit buffer), written by ``trainer.coevolution``
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a half
 checkpoint that looks complete. Resuming requires the same config as the checkpoint's; only ``steps``

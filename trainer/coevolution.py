@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
@@ -49,6 +51,8 @@ TOOL_NOTE = (
     "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
     "<search>your question</search>. At most {limit} questions per episode."
 )
+STATE_FILE = "state.pt"
+"""πϕ's optimiser and credit buffer, next to its weights in a checkpoint's ``extractor/`` folder."""
 SEARCH_TAG = re.compile(r"<search>(.*?)(?:</search>|$)", re.DOTALL | re.IGNORECASE)
 
 
@@ -312,6 +316,7 @@ class CoevolutionLoop(TrainingLoop):
         if self.extractor_update is not None:
             with self.track.update_lock:
                 self.extractor_update.model.save_pretrained(path / "extractor", safe_serialization=True)
+                torch.save(self.track.state_dict(), path / "extractor" / STATE_FILE)
             self.extractor.tokenizer.save_pretrained(path / "extractor")
             (path / "extractor" / "version.json").write_text(
                 json.dumps({"weight_version": self.extractor.expected_version})
@@ -391,6 +396,8 @@ def train(
             extractor=extractor,
             extractor_update=x_update,
         )
+        if state is not None and (state.path / "extractor" / STATE_FILE).exists():
+            loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))
         return loop.run(), loop
     finally:
         if own_x_engine and extractor_engine is not None:

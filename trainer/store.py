@@ -216,3 +216,7 @@ class ExperienceStore(Protocol):
     def size(self, scope: str | None = None) -> int:
         """Live entries in the bank, or in one scope."""
         ...
+
+    def close_thread(self) -> None:
+        """Release what the calling thread holds (its database connection); threads call it as they end."""
+        ...

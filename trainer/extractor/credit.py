@@ -117,6 +117,21 @@ class CreditBuffer:
         for generation, success, kind, entry_id in items:
             self.credit(generation, success, kind=kind, entry_id=entry_id)
 
+    def state_dict(self) -> dict:
+        """Everything needed to go on after a resume: rewards so far, the waiting keys, the counters."""
+        return {
+            "records": dict(self.records),
+            "pending": list(self.pending),
+            "steps_taken": self.steps_taken,
+            "uncreditable": self.uncreditable,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.records = dict(state["records"])
+        self.pending = dict.fromkeys(state["pending"])
+        self.steps_taken = state["steps_taken"]
+        self.uncreditable = state["uncreditable"]
+
     def ready(self) -> bool:
         return len(self.pending) >= self.size
 

@@ -88,7 +88,8 @@ class ExtractorTrack:
         self._queue: queue.Queue[_Episodes | _Merge | None] = queue.Queue()
         self._lock = threading.Lock()
         self.update_lock = threading.Lock()
-        """Held while πϕ's trainer weights change (an update and its sync): hold it to read them whole."""
+        """Held while πϕ's trainer state changes (credits, an update and its sync): hold it to read the
+        weights, the optimiser and the credit buffer whole (a checkpoint)."""
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="extractor-track", daemon=True)
         self._thread.start()
@@ -140,6 +141,21 @@ class ExtractorTrack:
         out["bank/size"] = float(self.store.size())
         return out
 
+    def state_dict(self) -> dict:
+        """πϕ's optimiser and credit state for a checkpoint; the caller holds ``update_lock``."""
+        return {
+            "optimizer": self.update.optimizer.state_dict() if self.update else None,
+            "buffer": self.buffer.state_dict(),
+            "merge_keys": sorted(self._merge_keys),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        with self.update_lock:
+            if self.update is not None and state["optimizer"] is not None:
+                self.update.optimizer.load_state_dict(state["optimizer"])
+            self.buffer.load_state_dict(state["buffer"])
+            self._merge_keys = set(state["merge_keys"])
+
     # ---- the background thread -----------------------------------------------------------------------
 
     def _count(self, **deltas: float) -> None:
@@ -151,6 +167,7 @@ class ExtractorTrack:
             item = self._queue.get()
             try:
                 if item is None:
+                    self.store.close_thread()
                     return
                 if self._error is None:
                     if isinstance(item, _Episodes):
@@ -172,13 +189,14 @@ class ExtractorTrack:
         self.store.record_outcomes(outcomes)
         ids = sorted({c.entry_id for c in credits if c.entry_id is not None})
         behind = self.store.generations(ids) if ids else {}
-        for c in credits:
-            if c.generation is not None:
-                self.buffer.credit(c.generation, c.success, kind="refine")
-            if c.entry_id is not None:
-                g = behind.get(c.entry_id)
-                kind = "merge" if g is not None and generation_key(g) in self._merge_keys else "distil"
-                self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id)
+        with self.update_lock:
+            for c in credits:
+                if c.generation is not None:
+                    self.buffer.credit(c.generation, c.success, kind="refine")
+                if c.entry_id is not None:
+                    g = behind.get(c.entry_id)
+                    kind = "merge" if g is not None and generation_key(g) in self._merge_keys else "distil"
+                    self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id)
         self._count(credited=len(credits), credit_s=time.perf_counter() - t0)
 
     def _distil(self, step: int, requests: Sequence[DistilRequest]) -> None:
@@ -223,8 +241,8 @@ class ExtractorTrack:
         if self.update is None or self.latest_step <= self.warmup_steps:
             return
         while self.buffer.ready():
-            batch = self.buffer.take()
             with self.update_lock:
+                batch = self.buffer.take()
                 metrics = self.update.step(batch, self.extractor)
                 metrics["time/extractor_sync_s"] = self.update.sync(self.extractor)
             self.store.record_training(batch.entry_ids, step=batch.step)

@@ -211,7 +211,6 @@ def sequence_logprobs(
     sequence: in a multi-turn episode the actor's own tokens are a few percent of it, and the full
     (B, T, vocab) logits tensor would be most of the step's memory and a fifth of its compute.
     """
-    import torch
 
     if len(prompt_ids_list) != len(completion_ids_list):
         raise ValueError("sequence_logprobs needs as many prompts as completions")

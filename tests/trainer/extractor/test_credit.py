@@ -92,3 +92,23 @@ def test_reweighting_blocks_a_generation_within_delta_and_can_be_switched_off():
 def test_take_refuses_a_buffer_that_is_not_full():
     with pytest.raises(ValueError, match="fewer than 2"):
         CreditBuffer(2).take()
+
+
+def test_a_saved_buffer_resumes_with_the_same_rewards_counters_and_next_batch(tmp_path):
+    def filled() -> CreditBuffer:
+        buffer = CreditBuffer(2)
+        for g, success in ((A, True), (B, False)):
+            buffer.credit(g, success, kind="distil", entry_id=1)
+        buffer.take()  # step 1: A and B trained once
+        buffer.credit(A, False, kind="distil", entry_id=1)
+        buffer.credit(C, True, kind="refine")
+        return buffer
+
+    torch.save(filled().state_dict(), tmp_path / "state.pt")
+    resumed = CreditBuffer(2)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
+    want, got = filled().take(), resumed.take()
+    assert [r.key for r in got.records] == [r.key for r in want.records]
+    for name in ("rewards", "advantages", "weights"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name))
+    assert got.step == want.step == 2 and resumed.records[generation_key(A)].train_count == 2

@@ -1,0 +1,173 @@
+"""A complementary run end to end, launched as the Celery task on a real worker: real SmolLM2 actor and
+extractor on two in-process vLLM engines, MiniHack-Room-5x5, the real experience bank (PostgreSQL +
+pgvector through ExperienceManager), a tiny config (warm-up 1, merge every step, a buffer of 2) so that
+every part of the dual loop happens within a few steps; then cancelled from the outside.
+
+The worker is Celery's own embedded worker (``celery.contrib.testing.worker``): a real WorkController
+consuming the real Redis queue, in a thread of this process, so that the test can steer the actor. An
+untrained 135M actor neither discovers the Search-and-Ask tool nor solves the room within a few steps, so
+``Steered`` makes the first guided episode of each batch ask the bank and then walk to the stairs. Those
+tokens are scored by the real engine (their log-probs are the model's own). Everything else (the runner
+pausing the episode, retrieval, the extractor's refinement, credit, both updates, checkpoints, rows,
+cancellation) is the code under test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+
+import pytest
+import torch
+from celery.contrib.testing.worker import start_worker
+
+from experience.models import Experience, Merge, SearchAsk
+from trainer import train as plain
+from trainer.checkpoint import read_checkpoint
+from trainer.coevolution import STATE_FILE
+from trainer.config import get_preset
+from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
+from trainer.rollout.base import Generation
+from webapp.celery import app
+from webapp.models import MetricRow, Run
+from webapp.services import run_cancel
+from webapp.tasks import train_run
+from webapp.training import run_dir
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUESTION = "<search>how do I reach the stairs?</search>"
+MOVE = " southeast"  # Room-5x5 has one layout: four moves southeast reach the stairs
+
+
+class Steered:
+    """The actor's engine, except that the first guided episode of each batch asks, then plays ``MOVE``."""
+
+    def __init__(self, engine, tokenizer) -> None:
+        self.inner, self.tokenizer = engine, tokenizer
+        self.ask_ids = self._ids(" " + QUESTION)
+        self.move_ids = self._ids(MOVE)
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    def generate(self, requests):
+        out = self.inner.generate(requests)
+        asked = False
+        for i, r in enumerate(requests):
+            prompt = self.tokenizer.decode(r.prompt_ids)
+            first_turn = prompt.count("<|im_start|>assistant") == 1
+            if first_turn and "<search>" in prompt and not asked:  # the tool is offered: a guided episode
+                asked, ids = True, self.ask_ids
+            elif QUESTION in prompt:
+                ids = self.move_ids
+            else:
+                continue
+            (logprobs,) = self.inner.score([r.prompt_ids], [ids])
+            text = self.tokenizer.decode(ids[:-1])
+            out[i] = Generation(list(ids), logprobs, "stop", text, self.inner.weight_version)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _config(path) -> dict:
+    return (
+        get_preset("cpu")
+        .with_overrides(
+            **{
+                "method": "complementary",
+                "steps": 30,  # cancelled long before
+                "tasks_per_step": 1,
+                "k_rollouts": 4,
+                "eval_every": 0,
+                "eval_episodes": 1,
+                "checkpoint_every": 1,
+                "actor.model_path": str(path),
+                "actor.lr": 1e-4,
+                "extractor.model_path": str(path),
+                "extractor.buffer_size": 2,
+                "extractor.max_new_tokens": 64,
+                "experience.warmup_steps": 1,
+                "experience.merge_every": 1,
+                "rollout.max_new_tokens": 8,
+                "rollout.turn_limit": 6,
+                "rollout.context_tokens": 1024,
+                "rollout.kv_cache_gib": 0.25,
+            }
+        )
+        .to_dict()
+    )
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1.0)
+    return value
+
+
+def _latest(run: Run, key: str) -> float:
+    row = MetricRow.objects.filter(run=run, kind="train").order_by("-step").first()
+    return row.values.get(key, 0.0) if row else 0.0
+
+
+def _changed(model: torch.nn.Module, reference: torch.nn.Module) -> bool:
+    name = "model.layers.0.self_attn.q_proj.weight"
+    return not torch.equal(dict(model.named_parameters())[name], dict(reference.named_parameters())[name])
+
+
+@pytest.fixture
+def steered_engine(monkeypatch):
+    build = plain.build_engine
+    monkeypatch.setattr(
+        plain, "build_engine", lambda cfg: Steered(build(cfg), load_tokenizer(cfg.actor.model_path))
+    )
+
+
+@pytest.mark.timeout(1200)
+def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_and_cancels(
+    user, steered_engine
+):
+    path = prepare_default_models(default_model_path())
+    cfg = _config(path)
+    run = Run.objects.create(name="coevolution", owner=user, method=cfg["method"], env=cfg["env"], config=cfg)
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    try:
+        with start_worker(app, queues=[queue], perform_ping_check=False, shutdown_timeout=120):
+            train_run.apply_async(args=[run.id], queue=queue)
+            _wait_for(lambda: _latest(run, "extractor/updates_with_signal") >= 1, 1000, "a CISPO step")
+            run_cancel(Run.objects.get(pk=run.pk))
+            run = _wait_for(
+                lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 300, "cancel"
+            )
+        rows = {r.step: r.values for r in MetricRow.objects.filter(run=run, kind="train")}
+        print(
+            {k: v for k, v in rows[max(rows)].items() if k.startswith(("extractor/", "experience/", "adv/"))}
+        )
+
+        # cancelled between steps, long before the end; one metrics row per finished step
+        assert 2 <= run.step < 30 and sorted(rows) == list(range(1, run.step + 1)) and run.finished_at
+        # the bank gained entries from distillation, and was merged every step after the first
+        assert Experience.objects.filter(run=run).exists()
+        assert rows[run.step]["extractor/distilled"] >= 4 and Merge.objects.filter(run=run).exists()
+        # Search-and-Ask: recorded, answered by the extractor, credited by the episode's outcome
+        exchanges = list(SearchAsk.objects.filter(run=run))
+        assert exchanges and exchanges[0].query == "how do I reach the stairs?" and exchanges[0].refined
+        assert any(e.success is not None for e in exchanges)
+        # retrieval starts after the warm-up
+        assert rows[1]["experience/retrieval_active"] == 0.0 and rows[2]["experience/retrieval_active"] == 1.0
+        # both models' parameters changed: the last checkpoint's actor and extractor against the start
+        state = read_checkpoint(run_dir(run))
+        reference = load_causal_lm(path)
+        assert any(r["adv/abs_mean"] > 0 for r in rows.values())
+        assert _changed(load_causal_lm(state.path / "actor"), reference)
+        assert _changed(load_causal_lm(state.path / "extractor"), reference)
+        # πϕ's optimiser and credit buffer are checkpointed beside its weights, for a resume
+        saved = torch.load(state.path / "extractor" / STATE_FILE, weights_only=False)
+        assert saved["optimizer"]["state"] and saved["buffer"]["steps_taken"] >= 1
+    finally:
+        shutil.rmtree(run_dir(run), ignore_errors=True)
