@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -56,10 +57,9 @@ def django_db_setup(django_db_setup, django_db_blocker):
         )
 
 
-@pytest.fixture(scope="session")
-def celery_worker(django_db_setup, django_db_blocker):
-    """A real Celery worker process on a queue of its own, using the test database."""
-    queue = f"test-{uuid.uuid4().hex[:8]}"
+@contextmanager
+def worker_on(queue: str):
+    """A real Celery worker process consuming ``queue``, using the test database; stopped on exit."""
     env = os.environ | {"STUDIO_DB_NAME": settings.DATABASES["default"]["NAME"], "PYTHONUNBUFFERED": "1"}
     log_path = var_dir() / f"celery-{queue}.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
@@ -70,15 +70,26 @@ def celery_worker(django_db_setup, django_db_blocker):
     )  # fmt: skip
     from webapp.celery import app
 
-    deadline = time.monotonic() + 60
-    while not app.control.ping(destination=[f"{queue}@{os.uname().nodename}"], timeout=1.0):
-        if worker.poll() is not None or time.monotonic() > deadline:
+    try:
+        deadline = time.monotonic() + 60
+        while not app.control.ping(destination=[f"{queue}@{os.uname().nodename}"], timeout=1.0):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
+        yield queue
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             worker.kill()
-            raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
-    yield queue
-    worker.terminate()
-    worker.wait(timeout=30)
-    log.close()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, django_db_blocker):
+    """A real Celery worker process on a queue of its own, using the test database."""
+    with worker_on(f"test-{uuid.uuid4().hex[:8]}") as queue:
+        yield queue
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from django.contrib.auth.models import Permission
 from experience import bank
 from experience.embedding import default_embedder
 from experience.models import Experience, SearchAsk
+from tests.conftest import worker_on
 from tests.e2e.conftest import ARTIFACTS
 from trainer.config import get_preset
 from webapp.events import broadcast_run_event
@@ -24,6 +25,8 @@ from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.selectors import metric_event
 
 PASSWORD = "correct horse battery"
+# the run launched from the form: one short step, so that a real worker trains it within the test
+TINY_RUN = "rollout.max_new_tokens=8\nrollout.kv_cache_gib=0.25\neval_episodes=1\ncheckpoint_every=0"
 
 
 def _shot(page, name: str) -> None:
@@ -187,15 +190,32 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     assert "must be even" in page.inner_text("#error-k_rollouts")
     assert Run.objects.count() == 2
     _shot(page, "02-launch-error")
-    page.fill("#id_k_rollouts", "4")
+    page.fill("#id_k_rollouts", "2")
+    page.fill("#id_steps", "1")
+    page.fill("#id_tasks_per_step", "1")
+    page.fill("#id_turn_limit", "2")
+    page.fill("#id_eval_every", "0")
+    page.select_option("#id_method", "grpo")
+    page.fill("#id_overrides", TINY_RUN)
     page.fill("#id_name", "e2e launch")
     page.click("#launch-form button[type=submit]")
     page.wait_for_selector("#run-header")
     launched = Run.objects.get(name="e2e launch")
     assert (
-        launched.status == "queued" and launched.config["k_rollouts"] == 4 and launched.config["steps"] == 2
+        launched.status == "queued" and launched.config["k_rollouts"] == 2 and launched.config["steps"] == 1
     )
     _shot(page, "03-launched")
+
+    # a worker comes online and trains it: the open page draws the real step and the final status
+    page.wait_for_selector("#live-state.live")
+    with worker_on(training_queue):
+        page.wait_for_function(
+            "window.studioRun?.series?.train?.step?.at(-1) === 1", polling=500, timeout=600_000
+        )
+        page.wait_for_selector("#run-status.succeeded", timeout=300_000)
+    assert page.inner_text("#run-step") == "1"
+    assert MetricRow.objects.filter(run=launched, kind="train", step=1).exists()
+    _shot(page, "03-launched-trained")
 
     # the live run page: curves drawn from stored rows, then a new step arrives over the socket
     page.goto(f"{server}/runs/{live.id}/")
