@@ -91,7 +91,7 @@ def main() -> None:
         m = breakdown
         print("\none GRPO step with the vllm engine (seconds):\n")
         print(
-            "| rollout | logprob recompute | backward | sync | total | trained tokens | rows trained / skipped |"
+            "| rollout | logprob recompute | backward | sync | total | trained tokens | rows trained/skipped |"
         )
         print("|---|---|---|---|---|---|---|")
         print(
