@@ -90,9 +90,7 @@ def main() -> None:
     if breakdown:
         m = breakdown
         print("\none GRPO step with the vllm engine (seconds):\n")
-        print(
-            "| rollout | logprob recompute | backward | sync | total | trained tokens | rows trained/skipped |"
-        )
+        print("| rollout | recompute | backward | sync | total | trained tokens | rows trained/skipped |")
         print("|---|---|---|---|---|---|---|")
         print(
             f"| {m['time/rollout_s']:.1f} | {m['time/recompute_s']:.1f} | {m['time/backward_s']:.1f} "
