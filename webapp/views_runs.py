@@ -90,7 +90,12 @@ def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("run_detail", run_id=resumed.id)
 
 
-PARTIALS = {"run-header": "webapp/_run_header.html", "trace-feed": "webapp/_trace_feed.html"}
+PARTIALS = {
+    "run-header": "webapp/_run_header.html",
+    "trace-feed": "webapp/_trace_feed.html",
+    "latest-eval": "webapp/_latest_eval.html",
+    "environment": "webapp/_run_environment.html",
+}
 
 
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -105,6 +110,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     partial = PARTIALS.get(request.htmx.target) if request.htmx else None
     if partial == "webapp/_trace_feed.html":
         context["traces"] = run_traces(run)
+    if partial == "webapp/_latest_eval.html":
+        context["latest_eval"] = latest_values(run.id, "eval")
     if partial:
         return render(request, partial, context)
     context |= {

@@ -120,6 +120,7 @@ const Studio = (() => {
         else if (event.kind === "status") document.body.dispatchEvent(new Event("run-status"));
         else if (event.kind === "trace") document.body.dispatchEvent(new Event("run-trace"));
         if (event.kind === "metrics" && event.step !== undefined) document.body.dispatchEvent(new Event("run-trace"));
+        if (event.kind === "metrics" && event.metric_kind === "eval") document.body.dispatchEvent(new Event("run-eval"));
       };
       socket.onclose = () => {
         liveState.textContent = "reconnecting…"; liveState.className = "muted";

@@ -214,6 +214,8 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
         )
         page.wait_for_selector("#run-status.succeeded", timeout=300_000)
     assert page.inner_text("#run-step") == "1"
+    page.wait_for_selector("#latest-eval:has-text('eval/success')")  # the final evaluation, swapped in live
+    assert "–" not in page.inner_text("#environment tr:has-text('worker')")
     assert MetricRow.objects.filter(run=launched, kind="train", step=1).exists()
     _shot(page, "03-launched-trained")
 

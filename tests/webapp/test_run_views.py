@@ -333,7 +333,7 @@ def test_run_page_visibility(client, user, other_user):
     assert client.get(reverse("run_detail", args=[999999])).status_code == 404
 
 
-def test_the_run_header_and_trace_feed_are_served_as_partials(client, user):
+def test_the_live_regions_of_the_run_page_are_served_as_partials(client, user):
     from experience.models import SearchAsk
 
     run = _run(user, step=3)
@@ -351,6 +351,13 @@ def test_the_run_header_and_trace_feed_are_served_as_partials(client, user):
         and "use the key" in feed
     )
     assert f"{reverse('run_inspect', args=[run.id])}?step=3&amp;episode=42" in feed
+
+    MetricRow.objects.create(run=run, kind="eval", step=3, wall_time=9.0, values={"eval/success": 0.25})
+    latest = client.get(url, headers={"HX-Request": "true", "HX-Target": "latest-eval"}).content.decode()
+    assert 'id="latest-eval"' in latest and "(step 3)" in latest and "eval/success" in latest
+    Run.objects.filter(pk=run.pk).update(worker="w1@host")
+    env = client.get(url, headers={"HX-Request": "true", "HX-Target": "environment"}).content.decode()
+    assert env.startswith('<section class="card" id="environment"') and "w1@host" in env
 
 
 # ---- trajectory inspector -----------------------------------------------------------------------------
