@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from django.core.cache import cache
@@ -182,6 +183,24 @@ def latest_values(run_id: int, kind: str) -> dict[str, Any]:
         MetricRow.objects.filter(run_id=run_id, kind=kind).order_by("-step").values("step", "values").first()
     )
     return row or {"step": None, "values": {}}
+
+
+LOG_FILE = "log.txt"
+"""A run's progress lines (one per step and evaluation), in its folder; the run page shows the tail."""
+
+
+def run_log_tail(run: Run, lines: int = 200) -> str:
+    """The last ``lines`` lines of the run's progress log (``log.txt`` in its folder), or ""."""
+    if not run.checkpoint_dir:
+        return ""
+    path = Path(run.checkpoint_dir) / LOG_FILE
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 200 * lines))  # progress lines are ~200 bytes
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 # ---- traces and episodes -------------------------------------------------------------------------

@@ -16,9 +16,10 @@ from django.conf import settings
 
 from trainer.config import RunConfig
 from trainer.paths import var_dir
-from trainer.report import JsonlReporter, Reporter, Reporters
+from trainer.report import ConsoleReporter, JsonlReporter, Reporter, Reporters
 from webapp.models import Run
 from webapp.progress import RunReporter
+from webapp.selectors import LOG_FILE
 
 
 def run_dir(run: Run) -> Path:
@@ -61,9 +62,12 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
-    reporters = [RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"), *extra_reporters]
-    reporter = Reporters(*reporters)
+    out_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
+        log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
+        reporter = Reporters(
+            RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"), ConsoleReporter(log), *extra_reporters
+        )
         extra = {}
         if cfg.uses_experience:
             extra["store"] = stack.enter_context(experience_store(run, cfg))

@@ -12,7 +12,7 @@ from trainer.config import PRESETS
 from webapp.charts import flatten
 from webapp.forms import LaunchForm, config_initial
 from webapp.models import Run
-from webapp.selectors import latest_values, run_get, run_metrics, run_traces
+from webapp.selectors import latest_values, run_get, run_log_tail, run_metrics, run_traces
 from webapp.services import (
     RunError,
     can_launch,
@@ -95,6 +95,7 @@ PARTIALS = {
     "trace-feed": "webapp/_trace_feed.html",
     "latest-eval": "webapp/_latest_eval.html",
     "environment": "webapp/_run_environment.html",
+    "run-log": "webapp/_run_log.html",
 }
 
 
@@ -112,12 +113,15 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         context["traces"] = run_traces(run)
     if partial == "webapp/_latest_eval.html":
         context["latest_eval"] = latest_values(run.id, "eval")
+    if partial == "webapp/_run_log.html":
+        context["log"] = run_log_tail(run)
     if partial:
         return render(request, partial, context)
     context |= {
         "metrics": run_metrics(run),
         "latest_eval": latest_values(run.id, "eval"),
         "traces": run_traces(run),
+        "log": run_log_tail(run),
         "config_rows": sorted(flatten(run.config).items()),
     }
     return render(request, "webapp/run_detail.html", context)

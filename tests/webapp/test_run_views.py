@@ -333,7 +333,7 @@ def test_run_page_visibility(client, user, other_user):
     assert client.get(reverse("run_detail", args=[999999])).status_code == 404
 
 
-def test_the_live_regions_of_the_run_page_are_served_as_partials(client, user):
+def test_the_live_regions_of_the_run_page_are_served_as_partials(client, user, tmp_path):
     from experience.models import SearchAsk
 
     run = _run(user, step=3)
@@ -358,6 +358,11 @@ def test_the_live_regions_of_the_run_page_are_served_as_partials(client, user):
     Run.objects.filter(pk=run.pk).update(worker="w1@host")
     env = client.get(url, headers={"HX-Request": "true", "HX-Target": "environment"}).content.decode()
     assert env.startswith('<section class="card" id="environment"') and "w1@host" in env
+    (tmp_path / "log.txt").write_text("".join(f"step {i} <b>ok</b>\n" for i in range(1, 301)))
+    Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(tmp_path))
+    log = client.get(url, headers={"HX-Request": "true", "HX-Target": "run-log"}).content.decode()
+    assert 'id="run-log"' in log and "step 300 &lt;b&gt;ok&lt;/b&gt;" in log  # the tail, escaped
+    assert "step 101 " in log and "step 100 " not in log  # the last 200 lines
 
 
 # ---- trajectory inspector -----------------------------------------------------------------------------
