@@ -11,6 +11,8 @@ from django.utils import timezone
 
 HEARTBEAT_TIMEOUT_S = 120
 """A running run whose worker has not beaten for this long is shown as lost."""
+HEARTBEAT_INTERVAL_S = 30
+"""How often a training worker beats (``webapp.progress.Heartbeat``), whatever a step's length."""
 
 
 class RunQuerySet(models.QuerySet):

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from django.db import connection
 from django.utils import timezone
 
 from trainer.report import BaseReporter
 from webapp.events import broadcast_run_event
-from webapp.models import EpisodeRecord, MetricRow, Run
+from webapp.models import HEARTBEAT_INTERVAL_S, EpisodeRecord, MetricRow, Run
 from webapp.selectors import metric_event
 
 log = logging.getLogger(__name__)
@@ -97,3 +99,37 @@ def episode_record(run: Run, step: int, ep: Any) -> EpisodeRecord:
         turns=[asdict(t) for t in ep.turns],
         actor_version=max(ep.weight_versions, default=0),
     )
+
+
+class Heartbeat:
+    """Beats a run's heartbeat from a thread every ``interval`` seconds, however long a step takes.
+
+    Steps on CPU can take minutes; beating only between steps made live runs look lost and let a
+    redelivered task (Redis redelivers unacknowledged tasks after its visibility timeout) claim a run
+    that was still training.
+    """
+
+    def __init__(self, run_id: int, interval: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.run_id = run_id
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{run_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    Run.objects.filter(pk=self.run_id).update(heartbeat_at=timezone.now())
+                except Exception:  # noqa: BLE001 - a missed beat is retried; the run goes on
+                    log.warning("run %s: heartbeat not written", self.run_id, exc_info=True)
+                    connection.close_if_unusable_or_obsolete()
+        finally:
+            connection.close()

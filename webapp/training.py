@@ -18,7 +18,7 @@ from trainer.config import RunConfig
 from trainer.paths import var_dir
 from trainer.report import ConsoleReporter, JsonlReporter, Reporter, Reporters
 from webapp.models import Run
-from webapp.progress import RunReporter
+from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
 
 
@@ -64,6 +64,7 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
     out_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
+        stack.enter_context(Heartbeat(run.pk))
         log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
         reporter = Reporters(
             RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"), ConsoleReporter(log), *extra_reporters

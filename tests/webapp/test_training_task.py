@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from trainer.config import get_preset
 from webapp.models import EpisodeRecord, MetricRow, Run
+from webapp.progress import Heartbeat
 from webapp.services import run_cancel
 from webapp.tasks import train_run
 from webapp.training import run_dir
@@ -120,3 +121,15 @@ def test_manage_py_train_refuses_an_unknown_owner_and_a_bad_override(user):
     with pytest.raises(CommandError, match="k_rollouts"):
         call_command("train", "--owner", user.username, "--set", "k_rollouts=7")
     assert not Run.objects.exists()
+
+
+def test_a_run_beats_between_steps_and_stops_beating_when_it_ends(make_run):
+    run = make_run()
+    old = timezone.now() - timedelta(hours=1)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, heartbeat_at=old)
+    with Heartbeat(run.pk, interval=0.05):
+        _wait_for(lambda: Run.objects.get(pk=run.pk).heartbeat_at > old, 10, "a beat")
+        assert Run.objects.get(pk=run.pk).display_status == Run.Status.RUNNING
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=old)
+    time.sleep(0.3)
+    assert Run.objects.get(pk=run.pk).display_status == "lost"  # no beats after the end
