@@ -144,16 +144,38 @@ class Extractor:
                     f"the extractor engine answered with weight version {out.weight_version}, but the "
                     f"trainer last synced version {self.expected_version}: it serves stale weights"
                 )
+        logprobs = [out.logprobs for out in outputs]
+        if self.structured:
+            logprobs = self._unconstrained_logprobs(requests, outputs)
         return [
             Generation(
                 prompt=t,
                 response=out.text,
                 token_ids=tuple(out.token_ids),
-                logprobs=tuple(out.logprobs),
+                logprobs=tuple(lp),
                 weight_version=out.weight_version,
             )
-            for t, out in zip(texts, outputs, strict=True)
+            for t, out, lp in zip(texts, outputs, logprobs, strict=True)
         ]
+
+    def _unconstrained_logprobs(self, requests, outputs) -> list[list[float]]:
+        """The sampled tokens' log-probs under the model itself, not under the JSON grammar.
+
+        With structured outputs the engine reports log-probs renormalised over the tokens the grammar
+        allowed (0.3-1 nat per token above the model's own on SmolLM2), while CISPO's ratio divides the
+        trainer's unconstrained π_θ by them: the old log-probs must come from the same distribution.
+        One prefill-only scoring call at the same weights gives them.
+        """
+        rows = [i for i, out in enumerate(outputs) if out.token_ids]
+        if not rows:
+            return [list(out.logprobs) for out in outputs]
+        scored = self.engine.score(
+            [list(requests[i].prompt_ids) for i in rows], [list(outputs[i].token_ids) for i in rows]
+        )
+        logprobs = [list(out.logprobs) for out in outputs]
+        for i, lp in zip(rows, scored, strict=True):
+            logprobs[i] = list(lp)
+        return logprobs
 
     def _record(self, job: str, parsed: parsing.Parsed, raw: str, ops: Sequence[Op] = ()) -> None:
         with self._stats_lock:

@@ -172,3 +172,25 @@ def test_seeded_requests_whose_prompts_exceed_one_engine_step_are_served(engine,
     ]  # 9,000 prompt tokens: more than one step's 8,192
     out = engine.generate(requests)
     assert len(out) == 10 and all(1 <= len(g.token_ids) <= 4 for g in out)
+
+
+def test_extractor_generations_under_a_json_grammar_carry_the_models_own_logprobs(
+    engine, tokenizer, model_path
+):
+    from trainer.extractor import prompts as xp
+    from trainer.extractor.model import Extractor
+    from trainer.store import Entry
+
+    extractor = Extractor(engine, tokenizer, max_new_tokens=48, temperature=1.0, structured=True)
+    engine.update_weights(load_causal_lm(model_path).state_dict(), engine.weight_version + 1)
+    extractor.expected_version = engine.weight_version
+    entry = Entry(1, "MiniHack", "Walk to the stairs", "Find the > and move towards it, one step per turn.")
+    chats = [xp.refine_messages("how do I reach the stairs?", entry)] * 3
+    generations = extractor.generate(chats, [xp.refine_schema()] * 3)
+    trainer = load_causal_lm(model_path)
+    for g in generations:
+        with torch.no_grad():
+            (want,) = sequence_logprobs(trainer, [extractor.prompt_ids(g.prompt)], [list(g.token_ids)])
+        # CISPO's old log-probs: the model's unconstrained distribution (fp32 engine: equal to ~1e-3),
+        # not the grammar-renormalised one the engine samples from
+        assert (torch.tensor(g.logprobs) - want).abs().mean() < 1e-2
