@@ -196,11 +196,16 @@ def run_log_tail(run: Run, lines: int = 200) -> str:
     path = Path(run.checkpoint_dir) / LOG_FILE
     try:
         with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - 200 * lines))  # progress lines are ~200 bytes
-            text = f.read().decode("utf-8", errors="replace")
+            end = start = f.seek(0, 2)
+            data = b""
+            while start > 0 and data.count(b"\n") <= lines:  # read backwards until enough lines
+                start = max(0, start - (64 << 10))
+                f.seek(start)
+                data = f.read(end - start)
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    kept = data.decode("utf-8", errors="replace").splitlines()[1 if start else 0 :]  # a partial first line
+    return "\n".join(kept[-lines:])
 
 
 # ---- traces and episodes -------------------------------------------------------------------------

@@ -407,3 +407,12 @@ def test_the_inspector_groups_a_steps_episodes_by_task_and_subgroup(client, user
     )
     client.force_login(other_user)
     assert client.get(reverse("run_inspect", args=[run.id])).status_code == 404
+
+
+def test_the_log_tail_of_a_long_log_starts_on_a_whole_line(tmp_path):
+    from webapp.selectors import run_log_tail
+
+    (tmp_path / "log.txt").write_text("".join(f"step {i} " + "x" * 500 + "\n" for i in range(1, 1001)))
+    tail = run_log_tail(Run(checkpoint_dir=str(tmp_path)), lines=50).splitlines()
+    assert len(tail) == 50 and tail[0].startswith("step 951 ") and tail[-1].startswith("step 1000 ")
+    assert run_log_tail(Run(checkpoint_dir=str(tmp_path / "missing"))) == ""
