@@ -124,11 +124,9 @@ class ActorUpdate:
         t0 = time.perf_counter()
         old = [self._old_logp(mb) for mb in mbs]
         metrics["time/recompute_s"] = time.perf_counter() - t0
-        if not mbs and every:  # the stale-engine check runs every step: on one skipped row if need be
-            mbs_checked, old_checked = [every[:1]], [self._old_logp(every[:1])]
-            metrics |= self._engine_mismatch(mbs_checked, old_checked)
-        else:
-            metrics |= self._engine_mismatch(mbs, old)
+        # the stale-engine check runs every step: on one skipped row when no row has signal
+        checked = (mbs, old) if mbs or not every else ([every[:1]], [self._old_logp(every[:1])])
+        metrics |= self._engine_mismatch(*checked)
 
         t0 = time.perf_counter()
         self.model.train()
