@@ -57,6 +57,15 @@ def django_db_setup(django_db_setup, django_db_blocker):
         )
 
 
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    """Poll ``predicate`` until it returns something truthy (returned), failing after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+    return value
+
+
 @contextmanager
 def worker_on(queue: str):
     """A real Celery worker process consuming ``queue``, using the test database; stopped on exit."""

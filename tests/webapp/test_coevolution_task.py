@@ -15,7 +15,6 @@ cancellation) is the code under test.
 from __future__ import annotations
 
 import shutil
-import time
 import uuid
 
 import pytest
@@ -23,6 +22,7 @@ import torch
 from celery.contrib.testing.worker import start_worker
 
 from experience.models import Experience, Merge, SearchAsk
+from tests.conftest import wait_for
 from trainer import train as plain
 from trainer.checkpoint import read_checkpoint
 from trainer.coevolution import STATE_FILE
@@ -102,14 +102,6 @@ def _config(path) -> dict:
     )
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1.0)
-    return value
-
-
 def _latest(run: Run, key: str) -> float:
     row = MetricRow.objects.filter(run=run, kind="train").order_by("-step").first()
     return row.values.get(key, 0.0) if row else 0.0
@@ -139,9 +131,9 @@ def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_
     try:
         with start_worker(app, queues=[queue], perform_ping_check=False, shutdown_timeout=120):
             train_run.apply_async(args=[run.id], queue=queue)
-            _wait_for(lambda: _latest(run, "extractor/updates_with_signal") >= 1, 1000, "a CISPO step")
+            wait_for(lambda: _latest(run, "extractor/updates_with_signal") >= 1, 1000, "a CISPO step")
             run_cancel(Run.objects.get(pk=run.pk))
-            run = _wait_for(
+            run = wait_for(
                 lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 300, "cancel"
             )
         rows = {r.step: r.values for r in MetricRow.objects.filter(run=run, kind="train")}

@@ -12,6 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from tests.conftest import wait_for
 from trainer.config import get_preset
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat
@@ -28,14 +29,6 @@ def _tiny(**overrides) -> dict:
         **{"rollout.turn_limit": 2, "rollout.max_new_tokens": 12, "rollout.kv_cache_gib": 0.25}, **overrides,
     )  # fmt: skip
     return cfg.to_dict()
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    return value
 
 
 @pytest.fixture
@@ -79,9 +72,9 @@ def test_a_run_trains_on_a_real_worker_and_records_rows_episodes_and_checkpoints
 def test_cancelling_a_running_run_stops_it_between_steps(make_run, celery_worker):
     run = make_run(steps=200)
     train_run.apply_async(args=[run.id], queue=celery_worker)
-    _wait_for(lambda: MetricRow.objects.filter(run=run).exists(), 600, "the first step")
+    wait_for(lambda: MetricRow.objects.filter(run=run).exists(), 600, "the first step")
     run_cancel(Run.objects.get(pk=run.pk))
-    run = _wait_for(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 900, "cancel")
+    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 900, "cancel")
     assert 1 <= run.step < 200 and run.finished_at
 
 
@@ -128,7 +121,7 @@ def test_a_run_beats_between_steps_and_stops_beating_when_it_ends(make_run):
     old = timezone.now() - timedelta(hours=1)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, heartbeat_at=old)
     with Heartbeat(run.pk, interval=0.05):
-        _wait_for(lambda: Run.objects.get(pk=run.pk).heartbeat_at > old, 10, "a beat")
+        wait_for(lambda: Run.objects.get(pk=run.pk).heartbeat_at > old, 10, "a beat")
         assert Run.objects.get(pk=run.pk).display_status == Run.Status.RUNNING
     Run.objects.filter(pk=run.pk).update(heartbeat_at=old)
     time.sleep(0.3)
