@@ -11,6 +11,13 @@ prompt, so the guided figure includes both costs of the machinery: the retrieval
 Guided and free episodes may take different paths and lengths, so besides the wall time of a batch the
 benchmark compares the time per engine turn (one batched ``generate`` over the live episodes) and per
 generated token, and reports the retrieval time on its own. Overhead = guided / free − 1 on medians.
+
+A turn lasts as long as its longest completion (the batch decodes in lock-step), so a model that answers
+at greater length under a longer prompt makes guided turns slower without any cost in the machinery. The
+``fixed`` arms separate the two: every completion is held to exactly ``max_new_tokens`` tokens (EOS held
+back, ``GenerationRequest.min_new_tokens``), so free and guided decode the same number of steps and
+differ only in what the machinery adds: retrieval and the longer prompt. ``decode steps/turn`` is the
+mean over turns of the longest completion in the batch.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import os
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -97,14 +105,14 @@ def run_benchmark(args: argparse.Namespace) -> None:
     run = Run.objects.create(name="overhead", owner=user, config=cfg.to_dict())
     r = cfg.rollout
     engine = build_engine(cfg)
-    runner = EpisodeRunner(
-        engine,
-        load_tokenizer(path),
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        turn_limit=r.turn_limit,
-        context_tokens=r.context_tokens,
-    )
+    tokenizer = load_tokenizer(path)
+    runner_options = {
+        "max_new_tokens": r.max_new_tokens,
+        "temperature": r.temperature,
+        "turn_limit": r.turn_limit,
+        "context_tokens": r.context_tokens,
+    }
+    runners: list[EpisodeRunner] = []
     try:
         with ExperienceManager(run.pk) as store:
             seed_bank(store, args.entries)
@@ -112,43 +120,73 @@ def run_benchmark(args: argparse.Namespace) -> None:
             specs = sample_tasks(cfg, 1)
             free = [EpisodeSpec(s.env_name, s.seed, s.group, False, s.sample_seed) for s in specs]
             guided = [EpisodeSpec(s.env_name, s.seed, s.group, True, s.sample_seed) for s in specs]
-            runner.run(free)  # warm: engine, envs, embedder, connections
-            runner.run(guided, retrieve=retrieve)
-            rows: dict[str, list[tuple[float, float, float, float]]] = {"free": [], "guided": []}
-            for _ in range(args.repeat):
-                for name, batch, fn in (("free", free, None), ("guided", guided, retrieve)):
-                    episodes, stats = runner.run(batch, retrieve=fn)
-                    rows[name].append(
-                        (
-                            stats.wall_s,
-                            stats.wall_s / max(stats.engine_calls, 1),
-                            stats.wall_s / max(stats.generated_tokens, 1) * 1000,
-                            stats.retrieve_s * 1000,
-                        )
-                    )
-            prompt_tokens = {
-                name: statistics.mean(len(e.segments[0].prompt_ids) for e in runner.run(b, retrieve=fn)[0])
-                for name, b, fn in (("free", free, None), ("guided", guided, retrieve))
+            natural = EpisodeRunner(engine, tokenizer, **runner_options)
+            fixed = EpisodeRunner(FixedLength(engine), tokenizer, **runner_options)
+            runners += [natural, fixed]
+            arms = {
+                "free": (natural, free, None),
+                "guided": (natural, guided, retrieve),
+                "free fixed": (fixed, free, None),
+                "guided fixed": (fixed, guided, retrieve),
             }
+            for runner, batch, fn in arms.values():  # warm: engine, envs, embedder, connections
+                runner.run(batch, retrieve=fn)
+            rows: dict[str, list[tuple[float, ...]]] = {name: [] for name in arms}
+            prompt_tokens: dict[str, list[int]] = {name: [] for name in arms}
+            for _ in range(args.repeat):
+                for name, (runner, batch, fn) in arms.items():
+                    episodes, stats = runner.run(batch, retrieve=fn)
+                    rows[name].append(measure(episodes, stats))
+                    prompt_tokens[name] += [len(e.segments[0].prompt_ids) for e in episodes]
     finally:
-        runner.close()
+        for runner in runners:
+            runner.close()
         engine.close()
+    report(args, len(specs), rows, prompt_tokens)
 
-    print(f"{ENV}: {len(specs)} episodes per batch, bank of {args.entries} entries, {args.repeat} repeats")
-    print(
-        f"mean opening prompt: free {prompt_tokens['free']:.0f} tokens, guided {prompt_tokens['guided']:.0f}"
+
+class FixedLength:
+    """The actor's engine with every completion made exactly ``max_new_tokens`` long (EOS held back)."""
+
+    def __init__(self, engine) -> None:
+        self.inner = engine
+
+    def generate(self, requests):
+        return self.inner.generate([replace(r, min_new_tokens=r.max_new_tokens) for r in requests])
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def measure(episodes, stats) -> tuple[float, ...]:
+    """Batch wall s, s per engine turn, ms per generated token, retrieval ms, decode steps per turn."""
+    turns = max(len(e.turns) for e in episodes)
+    longest = [max(e.turns[t].num_tokens for e in episodes if len(e.turns) > t) for t in range(turns)]
+    return (
+        stats.wall_s,
+        stats.wall_s / max(stats.engine_calls, 1),
+        stats.wall_s / max(stats.generated_tokens, 1) * 1000,
+        stats.retrieve_s * 1000,
+        statistics.mean(longest),
     )
-    print(f"{'':8} {'batch s':>9} {'s/turn':>8} {'ms/token':>9} {'retrieve ms':>12}")
+
+
+def report(args, episodes: int, rows, prompt_tokens) -> None:
+    print(f"{ENV}: {episodes} episodes per batch, bank of {args.entries} entries, {args.repeat} repeats")
+    print("'fixed': every completion exactly max_new_tokens long, so both arms decode the same steps")
+    head = ("batch s", "s/turn", "ms/token", "retrieve ms", "decode steps/turn", "prompt tokens")
+    print(f"{'':13}" + "".join(f"{h:>18}" for h in head))
     med = {}
     for name, values in rows.items():
         med[name] = [statistics.median(col) for col in zip(*values, strict=True)]
-        batch_s, turn_s, tok_ms, ret_ms = med[name]
-        print(f"{name:8} {batch_s:9.2f} {turn_s:8.3f} {tok_ms:9.2f} {ret_ms:12.1f}")
-    for i, label in enumerate(("batch wall time", "time per turn", "time per token")):
-        print(f"overhead ({label}): {100 * (med['guided'][i] / med['free'][i] - 1):+.1f}% (target <= 5%)")
-    print(
-        f"retrieval alone: {100 * med['guided'][3] / 1000 / med['guided'][0]:.2f}% of the guided batch time"
-    )
+        figures = [*med[name], statistics.mean(prompt_tokens[name])]
+        print(f"{name:13}" + "".join(f"{v:18.2f}" for v in figures))
+    for free, guided in (("free", "guided"), ("free fixed", "guided fixed")):
+        for i, label in enumerate(("batch wall time", "time per turn", "time per token")):
+            change = 100 * (med[guided][i] / med[free][i] - 1)
+            print(f"overhead, {guided} vs {free} ({label}): {change:+.1f}% (target <= 5%)")
+    share = 100 * med["guided"][3] / 1000 / med["guided"][0]
+    print(f"retrieval alone: {share:.2f}% of the guided batch time")
 
 
 if __name__ == "__main__":

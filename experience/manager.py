@@ -77,6 +77,7 @@ class _Request:
     scope: str
     k: int
     future: Future
+    count: bool = True
 
 
 @dataclass
@@ -192,16 +193,19 @@ class ExperienceManager:
 
     # ---- retrieval -----------------------------------------------------------------------------------
 
-    def submit(self, query: str, scope: str, k: int = 1) -> Future:
-        """Queue one query; the future resolves to its top-k entries (a list, best first)."""
+    def submit(self, query: str, scope: str, k: int = 1, *, count: bool = True) -> Future:
+        """Queue one query; the future resolves to its top-k entries (a list, best first). ``count``:
+        record the retrieval in the entries' usage counters (which the diversified re-rank reads)."""
         if self._closed:
             raise RuntimeError("this ExperienceManager is closed")
-        request = _Request(query, scope, k, Future())
+        request = _Request(query, scope, k, Future(), count)
         self._requests.put(request)
         return request.future
 
-    def retrieve(self, queries: Sequence[str], scope: str, k: int = 1) -> list[list[Entry]]:
-        futures = [self.submit(q, scope, k) for q in queries]
+    def retrieve(
+        self, queries: Sequence[str], scope: str, k: int = 1, *, count: bool = True
+    ) -> list[list[Entry]]:
+        futures = [self.submit(q, scope, k, count=count) for q in queries]
         return [f.result() for f in futures]
 
     def _batch_loop(self) -> None:
@@ -225,9 +229,9 @@ class ExperienceManager:
         connection.close()
 
     def _dispatch(self, batch: list[_Request]) -> None:
-        groups: dict[tuple[str, str, int], list[_Request]] = defaultdict(list)
+        groups: dict[tuple[str, str, int, bool], list[_Request]] = defaultdict(list)
         for r in batch:
-            groups[(r.text, r.scope, r.k)].append(r)
+            groups[(r.text, r.scope, r.k, r.count)].append(r)
         texts = [r.text for r in batch]  # duplicates count as cache hits; each distinct miss is encoded once
         try:
             vectors = dict(zip(texts, self.embedder.embed(texts), strict=True))
@@ -239,7 +243,7 @@ class ExperienceManager:
             self.stats.queries += len(batch)
             self.stats.batches += 1
             self.stats.searches += len(groups)
-        items = [(vectors[text], scope, k, requests) for (text, scope, k), requests in groups.items()]
+        items = [(vectors[text], scope, k, requests) for (text, scope, k, _), requests in groups.items()]
         if len(items) == 1:  # nothing to parallelise: search here and save a thread hand-off
             self._search(items)
             return
@@ -249,7 +253,7 @@ class ExperienceManager:
     def _search(self, items: list[tuple]) -> None:
         try:
             results = self.search_vectors(
-                [(vector, scope, k, len(requests)) for vector, scope, k, requests in items]
+                [(vector, scope, k, sum(r.count for r in requests)) for vector, scope, k, requests in items]
             )
         except Exception as exc:  # noqa: BLE001 - handed to the callers
             connection.close_if_unusable_or_obsolete()  # a dropped connection reopens on the next search
@@ -328,6 +332,7 @@ class ExperienceManager:
 
         Rows are always locked in ascending id order (here, in other workers and in a merge's
         ``select_for_update``), so concurrent counter updates and merges can never deadlock."""
+        counts = {i: c for i, c in counts.items() if c}  # read-only queries add 0
         if not counts:
             return
         with connection.connection.cursor() as cursor:  # executemany pipelines its statements

@@ -81,10 +81,15 @@ class BankRetriever:
     """The runner's ``Retriever`` over an experience store: top-k of each query's scope, or nothing while
     ``active`` is False (warm-up). Remembers the entries it handed out, for distillation (``Update``)."""
 
-    def __init__(self, store: ExperienceStore, cfg: RunConfig, *, tool_note: str = "") -> None:
+    def __init__(
+        self, store: ExperienceStore, cfg: RunConfig, *, tool_note: str = "", count: bool = True
+    ) -> None:
         self.store = store
         self.cfg = cfg
         self.tool_note = tool_note
+        self.count = count
+        """Record retrievals in the entries' usage counters; False for evaluation, which must not steer
+        what training retrieves next (the diversified re-rank reads those counters)."""
         self.active = True
         self.entries: dict[int, Entry] = {}
         self.seconds = 0.0
@@ -99,7 +104,8 @@ class BankRetriever:
             by_scope.setdefault(scope_for(self.cfg, q.env_name), []).append(i)
         found: list[list[Entry]] = [[] for _ in queries]
         for scope, idx in by_scope.items():
-            results = self.store.retrieve([queries[i].text for i in idx], scope, k=self.cfg.experience.top_k)
+            texts = [queries[i].text for i in idx]
+            results = self.store.retrieve(texts, scope, k=self.cfg.experience.top_k, count=self.count)
             for i, entries in zip(idx, results, strict=True):
                 found[i] = entries
         out: list[Experience | None] = []
@@ -236,7 +242,7 @@ class CoevolutionLoop(TrainingLoop):
         note = TOOL_NOTE.format(limit=limit) if limit else ""
         self.retriever = BankRetriever(self.store, cfg, tool_note=note)
         self.retrieve = self.retriever
-        self.eval_retriever = BankRetriever(self.store, cfg)
+        self.eval_retriever = BankRetriever(self.store, cfg, count=False)
         self.runner = _Runner(self.runner, self.tool, self._submit)
         buffer = CreditBuffer(
             cfg.extractor.buffer_size,

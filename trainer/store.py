@@ -183,8 +183,11 @@ class MergeReport:
 class ExperienceStore(Protocol):
     """What the trainer needs from an experience bank. One store per run, shared by all workers."""
 
-    def retrieve(self, queries: Sequence[str], scope: str, k: int = 1) -> list[list[Entry]]:
-        """Top-``k`` entries of ``scope`` for each query (diversified), best first; counts the retrievals."""
+    def retrieve(
+        self, queries: Sequence[str], scope: str, k: int = 1, *, count: bool = True
+    ) -> list[list[Entry]]:
+        """Top-``k`` entries of ``scope`` for each query (diversified), best first; counts the retrievals
+        unless ``count`` is False (evaluation reads the bank without changing what training retrieves)."""
         ...
 
     def apply(self, ops: Sequence[Op], *, step: int) -> list[OpResult]:

@@ -133,6 +133,18 @@ def test_retrievals_are_counted_once_per_query(manager):
     assert heat.retrieval_count == 5 and heat.last_retrieved_at is not None
 
 
+def test_read_only_retrievals_leave_the_counters_and_the_next_ranking_alone(manager):
+    heat_id, cool_id = add(manager, HEAT, COOL)
+    mixed = [manager.submit(HEAT_QUERY, "alfworld", count=c) for c in (False, True, False)]
+    assert {f.result()[0].id for f in mixed} == {heat_id}  # one batch, read-only beside counted queries
+    assert Experience.objects.get(pk=heat_id).retrieval_count == 1
+    for _ in range(3):  # evaluation-style reads: no demotion from their own retrievals
+        [[entry]] = manager.retrieve(["goal: cool a tomato, observation: a fridge"], "alfworld", count=False)
+        assert entry.id == cool_id and entry.score == pytest.approx(entry.similarity)
+    cool = Experience.objects.get(pk=cool_id)
+    assert cool.retrieval_count == 0 and cool.last_retrieved_at is None
+
+
 def test_a_burst_of_queries_is_batched_and_identical_queries_share_one_search(manager):
     add(manager, HEAT, COOL)
     goals = ["heat a mug", "cool an apple", "heat a potato", "cool a tomato"]

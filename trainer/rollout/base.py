@@ -41,6 +41,8 @@ class GenerationRequest:
     """The prompt, already tokenised (chat template applied by the caller)."""
     max_new_tokens: int = 64
     """Upper bound on generated tokens; reaching it gives finish reason ``"length"``."""
+    min_new_tokens: int = 0
+    """Stop tokens (EOS included) cannot end the generation before this many tokens."""
     temperature: float = 1.0
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
@@ -59,6 +61,11 @@ class GenerationRequest:
             raise ValueError("a generation request needs at least one prompt token")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

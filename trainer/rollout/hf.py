@@ -35,6 +35,7 @@ class _RowSampler:
         B = len(requests)
         self.requests = requests
         self.stop_ids = [eos_token_ids | set(r.stop_token_ids) for r in requests]
+        self._stop_lists = [sorted(ids) for ids in self.stop_ids]
         self.generators = []
         for r in requests:
             g = torch.Generator(device=device)
@@ -51,6 +52,7 @@ class _RowSampler:
         logp = scores.log_softmax(-1)  # raw-model log-probs, the convention of every engine
         # temperature 0 is greedy: divide by 1 and take the argmax below
         greedy = self.temperature == 0
+        scores = self._hold_stops(scores)
         probs = (scores / torch.where(greedy, 1.0, self.temperature)[:, None]).softmax(-1)
         # top-p: keep the smallest prefix of sorted tokens whose mass reaches top_p (always >= 1 token)
         sorted_probs, order = probs.sort(-1, descending=True)
@@ -73,6 +75,16 @@ class _RowSampler:
                 self.finish[i] = "length"
         # greedy decoding over this one-hot picks exactly the sampled tokens
         return torch.full_like(scores, float("-inf")).scatter_(-1, chosen[:, None], 0.0)
+
+    def _hold_stops(self, scores: torch.Tensor) -> torch.Tensor:
+        """Rows still short of their ``min_new_tokens`` cannot pick a stop token (logp stays the raw one)."""
+        short = [i for i, r in enumerate(self.requests) if len(self.tokens[i]) < r.min_new_tokens]
+        if not short:
+            return scores
+        scores = scores.clone()
+        for i in short:
+            scores[i, self._stop_lists[i]] = float("-inf")
+        return scores
 
     def done(self, device: torch.device) -> torch.Tensor:
         return torch.tensor([f is not None for f in self.finish], device=device)

@@ -130,6 +130,7 @@ class VLLMEngine(Engine):
         return SamplingParams(
             n=1,
             max_tokens=request.max_new_tokens,
+            min_tokens=request.min_new_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed if request.seed is not None else self._rng.getrandbits(63),

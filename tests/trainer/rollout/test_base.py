@@ -17,6 +17,8 @@ from trainer.rollout import EngineError, GenerationRequest, engine_class, make_e
         ({"temperature": -0.1}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
+        ({"min_new_tokens": -1}, "min_new_tokens"),
+        ({"max_new_tokens": 4, "min_new_tokens": 5}, "min_new_tokens"),
     ],
 )
 def test_it_refuses_a_request_with_bad_settings(kwargs, message):

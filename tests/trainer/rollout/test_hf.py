@@ -66,6 +66,10 @@ def test_a_stop_token_ends_only_its_own_request(engine, chat):
     assert unaffected.token_ids == free.token_ids and unaffected.finish_reason == "length"
 
 
+def test_min_new_tokens_holds_back_the_end_of_its_own_request(engine, check_min_new_tokens):
+    check_min_new_tokens(engine)
+
+
 def test_the_same_seed_gives_the_same_completion_whatever_the_batch(engine, requests, generations):
     first = generations
     again = engine.generate(requests)

@@ -81,6 +81,10 @@ def test_it_agrees_with_the_transformers_engine_on_greedy_decoding(engine, model
     assert unaffected.token_ids == want.token_ids and unaffected.finish_reason == "length"
 
 
+def test_min_new_tokens_holds_back_the_end_of_its_own_request(engine, check_min_new_tokens):
+    check_min_new_tokens(engine)
+
+
 def test_the_same_seed_gives_the_same_completion(engine, requests, generations):
     again = engine.generate(requests)
     assert [g.token_ids for g in again] == [g.token_ids for g in generations]

@@ -40,7 +40,7 @@ class Command(BaseCommand):
             retrieve = None
             if bank is not None:
                 store = stack.enter_context(experience_store(bank, state.config))
-                retrieve = BankRetriever(store, state.config)
+                retrieve = BankRetriever(store, state.config, count=False)
                 self.stdout.write(f"with experience from the bank of run {bank.pk} ({bank.name})")
             options = {"env": opts["env"], "episodes": opts["episodes"], "engine_name": opts["engine"]}
             metrics = evaluate_checkpoint(path, retrieve=retrieve, **options)
