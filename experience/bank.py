@@ -70,12 +70,26 @@ def to_entry(e: Experience, similarity: float | None = None, score: float | None
 
 
 def generation_of(e: Experience) -> Generation:
+    return _generation({field: getattr(e, field) for field in GENERATION_FIELDS})
+
+
+def generation_at(entry_id: int, version: int) -> Generation | None:
+    """The generation behind version ``version`` of an entry, from its history (None: no such version)."""
+    change = (
+        ExperienceChange.objects.filter(experience_id=entry_id, after__version=version)
+        .order_by("-id")
+        .first()
+    )
+    return _generation(change.after["generation"]) if change else None
+
+
+def _generation(fields: dict[str, Any]) -> Generation:
     return Generation(
-        prompt=e.generation_prompt,
-        response=e.generation_response,
-        token_ids=tuple(e.generation_token_ids),
-        logprobs=tuple(e.generation_logprobs),
-        weight_version=e.generation_weight_version,
+        prompt=fields["generation_prompt"],
+        response=fields["generation_response"],
+        token_ids=tuple(fields["generation_token_ids"]),
+        logprobs=tuple(fields["generation_logprobs"]),
+        weight_version=fields["generation_weight_version"],
     )
 
 

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -473,9 +473,20 @@ class ExperienceManager:
         }
         return [bank.to_entry(rows[i]) for i in ids if i in rows]
 
-    def generations(self, entry_ids: Sequence[int]) -> dict[int, Generation]:
-        rows = Experience.objects.filter(run_id=self.run_id, pk__in=entry_ids).only(*bank.GENERATION_FIELDS)
-        return {e.pk: bank.generation_of(e) for e in rows}
+    def generations(
+        self, entry_ids: Sequence[int], versions: Mapping[int, int] | None = None
+    ) -> dict[int, Generation]:
+        versions = versions or {}
+        rows = Experience.objects.filter(run_id=self.run_id, pk__in=entry_ids).only(
+            "version", *bank.GENERATION_FIELDS
+        )
+        out = {}
+        for e in rows:
+            seen = versions.get(e.pk, e.version)
+            g = bank.generation_of(e) if seen == e.version else bank.generation_at(e.pk, seen)
+            if g is not None:
+                out[e.pk] = g
+        return out
 
     def size(self, scope: str | None = None) -> int:
         return Experience.objects.in_bank(self.run_id, scope).count()

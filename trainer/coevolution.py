@@ -113,7 +113,10 @@ class BankRetriever:
             for e in entries:
                 self.entries[e.id] = e
             parts = [e.text for e in entries] + ([self.tool_note] if self.tool_note else [])
-            out.append(Experience("\n\n".join(parts), entries[0].id if entries else None) if parts else None)
+            first = entries[0] if entries else None
+            out.append(
+                Experience("\n\n".join(parts), first and first.id, first and first.version) if parts else None
+            )
         self.seconds += time.perf_counter() - t0
         self.queries += len(queries)
         return out
@@ -283,6 +286,7 @@ class CoevolutionLoop(TrainingLoop):
         for e in episodes:
             ep = episode_id(str(self.step), e.spec)
             entry_id = e.experience.entry_id if e.experience else None
+            entry_version = e.experience.entry_version if e.experience else None
             requests.append(
                 DistilRequest(
                     episode_id=ep,
@@ -297,7 +301,7 @@ class CoevolutionLoop(TrainingLoop):
             )
             refinements = self.tool.refinements.pop(ep, []) if self.tool else []
             if entry_id is not None or refinements:
-                credits.append(Credit(ep, e.success, entry_id=entry_id))
+                credits.append(Credit(ep, e.success, entry_id=entry_id, entry_version=entry_version))
             credits += [Credit(ep, e.success, generation=g) for g in refinements]
         self.track.submit(self.step, requests, credits)
 

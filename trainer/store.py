@@ -8,7 +8,7 @@ Add a new entry, Update a retrieved one, Return (nothing worth keeping), Delete.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -212,8 +212,12 @@ class ExperienceStore(Protocol):
         """Count one extractor training use of each entry's generation at ``step``."""
         ...
 
-    def generations(self, entry_ids: Sequence[int]) -> dict[int, Generation]:
-        """The generation that produced each entry (for the extractor's training buffer)."""
+    def generations(
+        self, entry_ids: Sequence[int], versions: Mapping[int, int] | None = None
+    ) -> dict[int, Generation]:
+        """The generation that produced each entry (for the extractor's training buffer): of the version
+        in ``versions`` where given (the text an actor saw, though the entry may have changed since),
+        else of the current version. Entries or versions that cannot be found are left out."""
         ...
 
     def size(self, scope: str | None = None) -> int:

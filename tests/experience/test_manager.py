@@ -85,6 +85,7 @@ def test_add_update_delete_and_return_are_applied_and_recorded(manager):
     assert (heat.title, heat.version, heat.updated_step) == ("Heat in the microwave", 2, 4)
     change = heat.changes.order_by("-id").first()
     assert (change.kind, change.actor, change.step) == (Kind.UPDATE, "extractor", 4)
+    assert manager.generations([heat_id]) == {heat_id: Generation()}  # the update was written by hand
     assert change.before["title"] == HEAT.title and change.after["title"] == "Heat in the microwave"
 
     n_changes = ExperienceChange.objects.count()
@@ -131,6 +132,18 @@ def test_retrievals_are_counted_once_per_query(manager):
     assert {r[0].id for r in results} == {heat_id}
     heat = Experience.objects.get(pk=heat_id)
     assert heat.retrieval_count == 5 and heat.last_retrieved_at is not None
+
+
+def test_the_generation_behind_the_version_an_actor_saw_outlives_a_rewrite(manager):
+    first = Generation("p1", "<add>heat</add>", (5, 6), (-0.1, -0.2), weight_version=1)
+    second = Generation("p2", "<update>heat</update>", (7, 8, 9), (-0.3, -0.4, -0.5), weight_version=2)
+    [heat_id] = add(manager, Add(HEAT.scope, HEAT.title, HEAT.content, first))
+    [[seen]] = manager.retrieve([HEAT_QUERY], "alfworld")  # an actor reads version 1 ...
+    manager.apply([Update(heat_id, "Heat it", "Use the microwave.", second)], step=2)  # ... then it changes
+    assert seen.version == 1 and Experience.objects.get(pk=heat_id).version == 2
+    assert manager.generations([heat_id], {heat_id: seen.version}) == {heat_id: first}
+    assert manager.generations([heat_id], {heat_id: 2}) == manager.generations([heat_id]) == {heat_id: second}
+    assert manager.generations([heat_id], {heat_id: 7}) == {}  # a version that never was: not credited
 
 
 def test_read_only_retrievals_leave_the_counters_and_the_next_ranking_alone(manager):

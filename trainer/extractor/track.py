@@ -43,6 +43,8 @@ class Credit:
     episode_id: str
     success: bool
     entry_id: int | None = None
+    entry_version: int | None = None
+    """The version of the entry the episode saw (None: whatever it is now)."""
     generation: Generation | None = None
     """A Search-and-Ask refinement of the episode (credited directly)."""
 
@@ -188,7 +190,8 @@ class ExtractorTrack:
         outcomes = [GuidedOutcome(c.episode_id, c.success, c.entry_id) for c in credits]
         self.store.record_outcomes(outcomes)
         ids = sorted({c.entry_id for c in credits if c.entry_id is not None})
-        behind = self.store.generations(ids) if ids else {}
+        seen = {c.entry_id: c.entry_version for c in credits if c.entry_id is not None and c.entry_version}
+        behind = self.store.generations(ids, seen) if ids else {}
         with self.update_lock:
             for c in credits:
                 if c.generation is not None:

@@ -68,6 +68,9 @@ class Experience:
     text: str
     entry_id: int | None = None
     """The bank entry it came from, for crediting its outcome later."""
+    entry_version: int | None = None
+    """The entry's version when it was retrieved: the outcome is credited to the generation that wrote
+    this text, even if the entry has been rewritten by the time the credit is assigned."""
 
 
 Retriever = Callable[[Sequence[RetrievalQuery]], Sequence[Experience | None]]
