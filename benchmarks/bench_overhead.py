@@ -2,11 +2,14 @@
 
     python benchmarks/bench_overhead.py [--tasks 2] [--k 8] [--repeat 5] [--entries 200]
 
-The same batch of MiniHack-Room-5x5 episodes (same instances, same sampling seeds) is played by the
-SmolLM2 actor on vLLM, alternately free and guided, ``--repeat`` times each. Guided episodes retrieve the
-top-1 entry of a bank of ``--entries`` entries through the real ExperienceManager (PostgreSQL + pgvector,
-MiniLM embeddings, micro-batching, diversification; a throwaway database) and carry it in their system
-prompt, so the guided figure includes both costs of the machinery: the retrieval and the longer prompts.
+Each round samples a training step's batch of MiniHack-Room-5x5 episodes and plays it with the SmolLM2
+actor on vLLM, free and guided (same instances, same sampling seeds), ``--repeat`` rounds after one
+warm-up round. Every batch starts with an empty prefix cache, as every training step does (the weight
+sync resets it); otherwise a replayed batch would find its own earlier prompts cached. Guided episodes
+retrieve the top-1 entry of a bank of ``--entries`` entries through the real ExperienceManager
+(PostgreSQL + pgvector, MiniLM embeddings, micro-batching, diversification; a throwaway database) and
+carry it in their system prompt, so the guided figure includes both costs of the machinery: the
+retrieval and the longer prompts.
 
 Guided and free episodes may take different paths and lengths, so besides the wall time of a batch the
 benchmark compares the time per engine turn (one batched ``generate`` over the live episodes) and per
@@ -93,7 +96,7 @@ def run_benchmark(args: argparse.Namespace) -> None:
     from trainer.config import get_preset
     from trainer.loop import sample_tasks
     from trainer.models import default_model_path, load_tokenizer, prepare_default_models
-    from trainer.rollout.runner import EpisodeRunner, EpisodeSpec
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.train import build_engine
     from webapp.models import Run
 
@@ -117,32 +120,41 @@ def run_benchmark(args: argparse.Namespace) -> None:
         with ExperienceManager(run.pk) as store:
             seed_bank(store, args.entries)
             retrieve = BankRetriever(store, cfg)
-            specs = sample_tasks(cfg, 1)
-            free = [EpisodeSpec(s.env_name, s.seed, s.group, False, s.sample_seed) for s in specs]
-            guided = [EpisodeSpec(s.env_name, s.seed, s.group, True, s.sample_seed) for s in specs]
+            batches = [batch_pair(sample_tasks(cfg, step)) for step in range(args.repeat + 1)]
             natural = EpisodeRunner(engine, tokenizer, **runner_options)
             fixed = EpisodeRunner(FixedLength(engine), tokenizer, **runner_options)
             runners += [natural, fixed]
-            arms = {
-                "free": (natural, free, None),
-                "guided": (natural, guided, retrieve),
-                "free fixed": (fixed, free, None),
-                "guided fixed": (fixed, guided, retrieve),
+            arms = {  # name: (runner, guided?, retriever)
+                "free": (natural, False, None),
+                "guided": (natural, True, retrieve),
+                "free fixed": (fixed, False, None),
+                "guided fixed": (fixed, True, retrieve),
             }
-            for runner, batch, fn in arms.values():  # warm: engine, envs, embedder, connections
-                runner.run(batch, retrieve=fn)
             rows: dict[str, list[tuple[float, ...]]] = {name: [] for name in arms}
             prompt_tokens: dict[str, list[int]] = {name: [] for name in arms}
-            for _ in range(args.repeat):
-                for name, (runner, batch, fn) in arms.items():
-                    episodes, stats = runner.run(batch, retrieve=fn)
+            for repeat, pair in enumerate(batches):  # the first round only warms up
+                for name, (runner, guided, fn) in arms.items():
+                    engine.reset_cache()  # as after the weight sync that starts every training step
+                    episodes, stats = runner.run(pair[guided], retrieve=fn)
+                    if repeat == 0:
+                        continue
                     rows[name].append(measure(episodes, stats))
                     prompt_tokens[name] += [len(e.segments[0].prompt_ids) for e in episodes]
     finally:
         for runner in runners:
             runner.close()
         engine.close()
-    report(args, len(specs), rows, prompt_tokens)
+    report(args, len(batches[0][0]), rows, prompt_tokens)
+
+
+def batch_pair(specs):
+    """The same episodes played experience-free and experience-guided."""
+    from trainer.rollout.runner import EpisodeSpec
+
+    return tuple(
+        [EpisodeSpec(s.env_name, s.seed, s.group, guided, s.sample_seed) for s in specs]
+        for guided in (False, True)
+    )
 
 
 class FixedLength:

@@ -146,6 +146,11 @@ class Engine(ABC):
         self._load_weights(state_dict)
         self._weight_version = version
 
+    def reset_cache(self) -> None:
+        """Forget cached prompt prefixes (every weight update does this; benchmarks start cold with it)."""
+        self._check_open()
+        self._reset_cache()
+
     def close(self) -> None:
         """Free the model and its memory; safe to call twice."""
         if not self._closed:
@@ -170,6 +175,9 @@ class Engine(ABC):
 
     @abstractmethod
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
+
+    @abstractmethod
+    def _reset_cache(self) -> None: ...
 
     @abstractmethod
     def _close(self) -> None: ...

@@ -171,6 +171,9 @@ class HFEngine(Engine):
         return [lp.tolist() for lp in logprobs]
 
     @torch.no_grad()
+    def _reset_cache(self) -> None:
+        pass  # generate keeps nothing between calls
+
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
         # a tied output layer may be left out of the state dict: it follows the embeddings

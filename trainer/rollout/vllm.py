@@ -190,6 +190,10 @@ class VLLMEngine(Engine):
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
             self._llm.reset_prefix_cache()
 
+    def _reset_cache(self) -> None:
+        with _ENGINE_LOCK:
+            self._llm.reset_prefix_cache()
+
     def _close(self) -> None:
         import vllm.v1.engine.core as engine_core
 

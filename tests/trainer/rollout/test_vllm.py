@@ -85,6 +85,11 @@ def test_min_new_tokens_holds_back_the_end_of_its_own_request(engine, check_min_
     check_min_new_tokens(engine)
 
 
+def test_a_reset_cache_serves_the_same_completions(engine, requests, generations):
+    engine.reset_cache()
+    assert [g.token_ids for g in engine.generate(requests)] == [g.token_ids for g in generations]
+
+
 def test_the_same_seed_gives_the_same_completion(engine, requests, generations):
     again = engine.generate(requests)
     assert [g.token_ids for g in again] == [g.token_ids for g in generations]
