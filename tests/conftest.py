@@ -80,7 +80,7 @@ def worker_on(queue: str):
     from webapp.celery import app
 
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # start-up imports torch and Django: slow on a busy machine
         while not app.control.ping(destination=[f"{queue}@{os.uname().nodename}"], timeout=1.0):
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
