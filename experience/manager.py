@@ -253,7 +253,7 @@ class ExperienceManager:
     def _search(self, items: list[tuple]) -> None:
         try:
             results = self.search_vectors(
-                [(vector, scope, k, sum(r.count for r in requests)) for vector, scope, k, requests in items]
+                [(vector, scope, k, [r.count for r in requests]) for vector, scope, k, requests in items]
             )
         except Exception as exc:  # noqa: BLE001 - handed to the callers
             connection.close_if_unusable_or_obsolete()  # a dropped connection reopens on the next search
@@ -261,8 +261,8 @@ class ExperienceManager:
                 for r in requests:
                     r.future.set_exception(exc)
             return
-        for (*_, requests), entries in zip(items, results, strict=True):
-            for r in requests:
+        for (*_, requests), answers in zip(items, results, strict=True):
+            for r, entries in zip(requests, answers, strict=True):
                 r.future.set_result(entries)
 
     def _search_loop(self) -> None:
@@ -283,9 +283,11 @@ class ExperienceManager:
                 cursor.execute("SET synchronous_commit = off")
             self._session.raw = connection.connection
 
-    def search_vectors(self, queries: Sequence[tuple]) -> list[list[Entry]]:
-        """Top-k diversified entries for each embedded query ``(vector, scope, k, count)``; each entry
-        found is counted ``count`` times as retrieved. All searches go in one pipelined round trip."""
+    def search_vectors(self, queries: Sequence[tuple]) -> list[list[list[Entry]]]:
+        """One search per embedded query ``(vector, scope, k, counting)`` for ``len(counting)`` identical
+        requests: the top-k diversified entries of each request, in order. Counting requests are served in
+        turn (each pick demotes that entry for the next, ``retrieval.rerank_in_turn``) and counted as
+        retrieved; read-only requests get the ranking as it stood. All searches go in one round trip."""
         factor = self.oversample if self.diversify else 1
         params = [
             {"q": Vector._to_db(vector), "run": self.run_id, "scope": scope, "n": k * factor}
@@ -314,16 +316,19 @@ class ExperienceManager:
                         self.stats.exact_fallbacks += 1
         now = timezone.now()
         results, counts = [], defaultdict(int)
-        for (_, _, k, count), found in zip(queries, rows, strict=True):
+        ranking = {"diversify": self.diversify, "lam": self.lam, "window_s": self.recency_window_s}
+        for (_, _, k, counting), found in zip(queries, rows, strict=True):
             candidates = [retrieval.Candidate(r[0], r[14], r[6], r[7]) for r in found]
-            chosen = retrieval.rerank(
-                candidates, k, now, diversify=self.diversify, lam=self.lam, window_s=self.recency_window_s
-            )
+            as_it_stood = retrieval.rerank(candidates, k, now, **ranking)
+            in_turn = iter(retrieval.rerank_in_turn(candidates, k, sum(counting), now, **ranking))
             by_id = {r[0]: r for r in found}
-            entries = [_row_entry(by_id[c.id], c.score) for c in chosen]
-            for e in entries:
-                counts[e.id] += count
-            results.append(entries)
+            answers = []
+            for counted in counting:
+                chosen = next(in_turn) if counted else as_it_stood
+                answers.append([_row_entry(by_id[c.id], c.score) for c in chosen])
+                for c in chosen if counted else ():
+                    counts[c.id] += 1
+            results.append(answers)
         self._count_retrievals(counts, now)
         return results
 
@@ -332,7 +337,6 @@ class ExperienceManager:
 
         Rows are always locked in ascending id order (here, in other workers and in a merge's
         ``select_for_update``), so concurrent counter updates and merges can never deadlock."""
-        counts = {i: c for i, c in counts.items() if c}  # read-only queries add 0
         if not counts:
             return
         with connection.connection.cursor() as cursor:  # executemany pipelines its statements

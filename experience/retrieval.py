@@ -5,7 +5,9 @@
 ``s_rank`` is the cosine similarity of the candidate to the query (1 − cosine distance; embeddings are
 unit-norm). Candidates are oversampled (``OVERSAMPLE`` × k by similarity), re-ranked by s, and the top k
 kept: a popular or just-used entry yields to a slightly less similar one, which spreads credit over the
-bank instead of letting one entry take every guided rollout.
+bank instead of letting one entry take every guided rollout. Identical queries of one batch (the guided
+rollouts of one task) share one search and are then served in turn (``rerank_in_turn``), exactly as if
+they had been retrieved one after another.
 """
 
 from __future__ import annotations
@@ -64,3 +66,28 @@ def rerank(
         scored.append(replace(c, score=score))
     scored.sort(key=lambda c: -c.score)
     return scored[:k]
+
+
+def rerank_in_turn(
+    candidates: list[Candidate],
+    k: int,
+    n: int,
+    now: datetime,
+    *,
+    diversify: bool = True,
+    lam: float = LAMBDA,
+    window_s: float = RECENCY_WINDOW_S,
+) -> list[list[Candidate]]:
+    """What ``n`` identical queries retrieving one after another would get from one shared search: each
+    pick counts as a retrieval made ``now`` before the next query is ranked, so under diversification the
+    guided rollouts of one task spread over the bank instead of all taking the same entry."""
+    out = []
+    for _ in range(n):
+        chosen = rerank(candidates, k, now, diversify=diversify, lam=lam, window_s=window_s)
+        out.append(chosen)
+        picked = {c.id for c in chosen}
+        candidates = [
+            replace(c, retrieval_count=c.retrieval_count + 1, last_retrieved_at=now) if c.id in picked else c
+            for c in candidates
+        ]
+    return out

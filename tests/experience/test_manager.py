@@ -164,11 +164,13 @@ def test_a_burst_of_queries_is_batched_and_identical_queries_share_one_search(ma
     queries = [f"goal: {g}, observation: a kitchen" for g in goals for _ in range(8)]  # 4 groups of 8
     results = manager.retrieve(queries, "alfworld")
     assert all(len(r) == 1 for r in results)
-    for i in range(0, 32, 8):  # a group gets one answer
-        assert len({r[0].id for r in results[i : i + 8]}) == 1
+    for i in range(0, 32, 8):  # a group is served in turn: its rollouts see both entries, not one
+        assert len({r[0].id for r in results[i : i + 8]}) == 2
     # Identical queries in a batch share a search; a burst submitted at once fills batches of up to 16.
     assert manager.stats.queries == 32 and manager.stats.searches <= len(goals) * manager.stats.batches
     assert manager.stats.batches < 32 and manager.stats.mean_batch > 1
+    counts = Experience.objects.values_list("retrieval_count", flat=True)
+    assert sum(counts) == 32 and min(counts) > 0
 
 
 def test_a_just_retrieved_entry_is_demoted(manager):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from experience.retrieval import Candidate, diversified_score, rerank
+from experience.retrieval import Candidate, diversified_score, rerank, rerank_in_turn
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -44,3 +44,17 @@ def test_without_diversification_similarity_decides():
 def test_ties_keep_similarity_order():
     candidates = [Candidate(1, 0.7, 0, None), Candidate(2, 0.7, 0, None)]
     assert [c.id for c in rerank(candidates, 2, NOW)] == [1, 2]
+
+
+def test_identical_queries_served_in_turn_spread_over_the_candidates():
+    candidates = [Candidate(1, 0.9, 0, None), Candidate(2, 0.8, 0, None), Candidate(3, 0.5, 0, None)]
+    picks = rerank_in_turn(candidates, 1, 4, NOW)
+    # 1st: 0.9; then 1 is recent and once retrieved: 0.9 - 0.4 ln 2 - 1 = -0.377 < 0.8; then 2 likewise
+    # (-0.477) < 0.5; 4th: 3 drops to -0.777, and 1 (-0.377) leads again
+    assert [[c.id for c in chosen] for chosen in picks] == [[1], [2], [3], [1]]
+    assert picks[1][0].score == pytest.approx(0.8)
+    assert picks[3][0].score == pytest.approx(0.9 - 0.4 * math.log(2) - 1.0)
+    assert [[c.id for c in chosen] for chosen in rerank_in_turn(candidates, 2, 2, NOW)] == [[1, 2], [3, 1]]
+    plain = rerank_in_turn(candidates, 1, 3, NOW, diversify=False)
+    assert [(c.id, c.score) for [c] in plain] == [(1, 0.9)] * 3
+    assert candidates[0].retrieval_count == 0  # the caller's candidates are left as they were
