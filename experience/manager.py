@@ -243,7 +243,10 @@ class ExperienceManager:
             self.stats.queries += len(batch)
             self.stats.batches += 1
             self.stats.searches += len(groups)
-        items = [(vectors[text], scope, k, requests) for (text, scope, k, _), requests in groups.items()]
+        items = [
+            (vectors[text], scope, k, counted, requests)
+            for (text, scope, k, counted), requests in groups.items()
+        ]
         if len(items) == 1:  # nothing to parallelise: search here and save a thread hand-off
             self._search(items)
             return
@@ -253,7 +256,7 @@ class ExperienceManager:
     def _search(self, items: list[tuple]) -> None:
         try:
             results = self.search_vectors(
-                [(vector, scope, k, [r.count for r in requests]) for vector, scope, k, requests in items]
+                [(vector, scope, k, len(requests), counted) for vector, scope, k, counted, requests in items]
             )
         except Exception as exc:  # noqa: BLE001 - handed to the callers
             connection.close_if_unusable_or_obsolete()  # a dropped connection reopens on the next search
@@ -284,14 +287,14 @@ class ExperienceManager:
             self._session.raw = connection.connection
 
     def search_vectors(self, queries: Sequence[tuple]) -> list[list[list[Entry]]]:
-        """One search per embedded query ``(vector, scope, k, counting)`` for ``len(counting)`` identical
-        requests: the top-k diversified entries of each request, in order. Counting requests are served in
+        """One search per embedded query ``(vector, scope, k, n, counted)`` asked by ``n`` identical
+        requests: the top-k diversified entries of each request, in order. Counted requests are served in
         turn (each pick demotes that entry for the next, ``retrieval.rerank_in_turn``) and counted as
-        retrieved; read-only requests get the ranking as it stood. All searches go in one round trip."""
+        retrieved; read-only ones all get the ranking as it stands. All searches go in one round trip."""
         factor = self.oversample if self.diversify else 1
         params = [
             {"q": Vector._to_db(vector), "run": self.run_id, "scope": scope, "n": k * factor}
-            for vector, scope, k, _ in queries
+            for vector, scope, k, *_ in queries
         ]
         with self.rw.read():
             self._ensure_session()
@@ -317,18 +320,16 @@ class ExperienceManager:
         now = timezone.now()
         results, counts = [], defaultdict(int)
         ranking = {"diversify": self.diversify, "lam": self.lam, "window_s": self.recency_window_s}
-        for (_, _, k, counting), found in zip(queries, rows, strict=True):
+        for (_, _, k, n, counted), found in zip(queries, rows, strict=True):
             candidates = [retrieval.Candidate(r[0], r[14], r[6], r[7]) for r in found]
-            as_it_stood = retrieval.rerank(candidates, k, now, **ranking)
-            in_turn = iter(retrieval.rerank_in_turn(candidates, k, sum(counting), now, **ranking))
-            by_id = {r[0]: r for r in found}
-            answers = []
-            for counted in counting:
-                chosen = next(in_turn) if counted else as_it_stood
-                answers.append([_row_entry(by_id[c.id], c.score) for c in chosen])
-                for c in chosen if counted else ():
+            if counted:
+                picks = retrieval.rerank_in_turn(candidates, k, n, now, **ranking)
+                for c in (c for chosen in picks for c in chosen):
                     counts[c.id] += 1
-            results.append(answers)
+            else:
+                picks = [retrieval.rerank(candidates, k, now, **ranking)] * n
+            by_id = {r[0]: r for r in found}
+            results.append([[_row_entry(by_id[c.id], c.score) for c in chosen] for chosen in picks])
         self._count_retrievals(counts, now)
         return results
 

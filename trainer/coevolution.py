@@ -113,10 +113,8 @@ class BankRetriever:
             for e in entries:
                 self.entries[e.id] = e
             parts = [e.text for e in entries] + ([self.tool_note] if self.tool_note else [])
-            first = entries[0] if entries else None
-            out.append(
-                Experience("\n\n".join(parts), first and first.id, first and first.version) if parts else None
-            )
+            entry_id, version = (entries[0].id, entries[0].version) if entries else (None, None)
+            out.append(Experience("\n\n".join(parts), entry_id, version) if parts else None)
         self.seconds += time.perf_counter() - t0
         self.queries += len(queries)
         return out
