@@ -35,7 +35,6 @@ class _RowSampler:
         B = len(requests)
         self.requests = requests
         self.stop_ids = [eos_token_ids | set(r.stop_token_ids) for r in requests]
-        self._stop_lists = [sorted(ids) for ids in self.stop_ids]
         self.generators = []
         for r in requests:
             g = torch.Generator(device=device)
@@ -83,7 +82,7 @@ class _RowSampler:
             return scores
         scores = scores.clone()
         for i in short:
-            scores[i, self._stop_lists[i]] = float("-inf")
+            scores[i, list(self.stop_ids[i])] = float("-inf")
         return scores
 
     def done(self, device: torch.device) -> torch.Tensor:
