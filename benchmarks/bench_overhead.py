@@ -149,12 +149,7 @@ def run_benchmark(args: argparse.Namespace) -> None:
 
 def batch_pair(specs):
     """The same episodes played experience-free and experience-guided."""
-    from trainer.rollout.runner import EpisodeSpec
-
-    return tuple(
-        [EpisodeSpec(s.env_name, s.seed, s.group, guided, s.sample_seed) for s in specs]
-        for guided in (False, True)
-    )
+    return tuple([replace(s, guided=guided) for s in specs] for guided in (False, True))
 
 
 class FixedLength:
