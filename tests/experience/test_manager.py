@@ -148,9 +148,13 @@ def test_the_generation_behind_the_version_an_actor_saw_outlives_a_rewrite(manag
 
 def test_read_only_retrievals_leave_the_counters_and_the_next_ranking_alone(manager):
     heat_id, cool_id = add(manager, HEAT, COOL)
-    mixed = [manager.submit(HEAT_QUERY, "alfworld", count=c) for c in (False, True, False)]
-    assert {f.result()[0].id for f in mixed} == {heat_id}  # one batch, read-only beside counted queries
-    assert Experience.objects.get(pk=heat_id).retrieval_count == 1
+    # whether they land in one batch or not, read-only queries never demote what they find
+    assert {r[0].id for r in manager.retrieve([HEAT_QUERY] * 3, "alfworld", count=False)} == {heat_id}
+    assert Experience.objects.get(pk=heat_id).retrieval_count == 0
+    [[counted]] = manager.retrieve([HEAT_QUERY], "alfworld")
+    assert counted.id == heat_id and Experience.objects.get(pk=heat_id).retrieval_count == 1
+    [[after]] = manager.retrieve([HEAT_QUERY], "alfworld", count=False)  # sees the ranking as it stands
+    assert after.id == cool_id
     for _ in range(3):  # evaluation-style reads: no demotion from their own retrievals
         [[entry]] = manager.retrieve(["goal: cool a tomato, observation: a fridge"], "alfworld", count=False)
         assert entry.id == cool_id and entry.score == pytest.approx(entry.similarity)
