@@ -3,7 +3,7 @@
 Each env wraps one of MiniHack's own gym ids (``MiniHack-Room-Dark-15x15-v0`` ...). The observation
 is text we render from NLE's ``chars``, ``message`` and ``screen_descriptions``: the message line,
 the map, a legend saying what each notable symbol is and where it lies relative to the agent
-("staircase down (>): 2 east, 1 south"), and what is next to the agent.
+("staircase down (>): southeast (2 east, 1 south)"), and what is next to the agent.
 
 Instances: a level is fully determined by the NLE seeds (core, disp and level generator, all set to
 one *level seed*). The train split uses level seeds in ``[0, 10^9)``, the eval split a frozen list
@@ -110,12 +110,19 @@ def _text(arr: np.ndarray) -> str:
 
 
 def _relative(dx: int, dy: int) -> str:
+    """Where (dx, dy) lies from the agent: the compass direction of the one move that brings it closer
+    on both axes, then the distances, e.g. "southwest (1 west, 2 south)" (NLE's language wrapper also
+    names compass directions)."""
     parts = []
     if dx:
         parts.append(f"{abs(dx)} {'east' if dx > 0 else 'west'}")
     if dy:
         parts.append(f"{abs(dy)} {'south' if dy > 0 else 'north'}")
-    return ", ".join(parts) or "here"
+    if not parts:
+        return "here"
+    step = (int(np.sign(dx)), int(np.sign(dy)))
+    compass = next(name for name, move in DIRECTIONS.items() if move == step)
+    return f"{compass} ({', '.join(parts)})"
 
 
 def _passable(desc: str) -> bool:
