@@ -100,7 +100,7 @@ def evaluate_checkpoint(
     cfg = state.config
     actor_dir = state.path / "actor"
     r = cfg.rollout
-    engine = engine_from_config(actor_dir, r, name=engine_name or "")
+    engine = engine_from_config(actor_dir, r, seed=cfg.seed, name=engine_name or "")
     runner = EpisodeRunner(
         engine,
         load_tokenizer(actor_dir),

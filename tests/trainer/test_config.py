@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import tomllib
 
 import pytest
 
@@ -21,6 +22,7 @@ from trainer.config import (
     RunConfig,
     get_preset,
 )
+from trainer.envs.base import make_mixture
 
 SECTIONS = (ActorConfig, ExtractorConfig, ExperienceConfig, RolloutConfig, RunConfig)
 
@@ -280,3 +282,16 @@ def test_cpu_preset_is_small_and_uses_smollm2():
 def test_unknown_preset_names_the_known_ones():
     with pytest.raises(ConfigError, match="unknown preset 'gpu'; known presets: paper, cpu"):
         get_preset("gpu")
+
+
+@pytest.mark.parametrize("path", sorted((paths.REPO_ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_the_shipped_config_files_load_and_name_a_registered_env(path):
+    cfg = RunConfig.from_file(path)
+    assert make_mixture(cfg.env).names
+    data = tomllib.loads(path.read_text())
+    data.pop("preset", None)
+    for key, value in data.items():  # every key of the file took effect
+        if isinstance(value, dict):
+            assert {name: getattr(getattr(cfg, key), name) for name in value} == value, key
+        else:
+            assert getattr(cfg, key) == value, key

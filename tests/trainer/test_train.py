@@ -16,6 +16,7 @@ import torch
 
 from trainer.checkpoint import read_checkpoint
 from trainer.config import ConfigError, get_preset
+from trainer.evaluate import evaluate_checkpoint
 from trainer.models import default_model_path, load_causal_lm, prepare_default_models
 from trainer.report import BaseReporter, ConsoleReporter, Reporters
 from trainer.rollout.base import sequence_logprobs
@@ -137,6 +138,13 @@ def test_a_checkpoint_resumes_at_the_next_step_with_the_same_config(first_run, e
     assert engine.weight_version > 2
     # it started from the checkpoint's weights, not the initial model's
     assert resumed.steps[3]["actor/engine_logp_diff"] < 0.1
+
+
+def test_a_checkpoint_evaluates_on_its_own_vllm_engine(first_run):
+    out, _, _, _ = first_run
+    metrics = evaluate_checkpoint(out / "checkpoints" / "step-000002", engine_name="vllm")
+    assert metrics["eval/checkpoint_step"] == 2 and metrics["eval/episodes"] == CFG.eval_episodes
+    assert 0 <= metrics["eval/success"] <= 1 and 1 <= metrics["eval/actions"] <= CFG.rollout.turn_limit
 
 
 def test_resuming_with_a_different_config_is_refused(first_run, engine):

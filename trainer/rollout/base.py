@@ -286,9 +286,7 @@ def _logits_at(model, input_ids, attention_mask, rows, cols) -> torch.Tensor:
     return head(hidden[rows, cols])
 
 
-def engine_from_config(
-    model_path: Path | str, rollout: Any, *, seed: int | None = None, name: str = ""
-) -> Engine:
+def engine_from_config(model_path: Path | str, rollout: Any, *, seed: int = 0, name: str = "") -> Engine:
     """An engine for ``model_path`` set up from a ``RolloutConfig`` (backend: ``name`` or its ``engine``)."""
     name = name or rollout.engine
     if name == "vllm":
