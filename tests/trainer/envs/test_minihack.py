@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainer.envs import env_names, make_env
-from trainer.envs.minihack import EVAL_SEEDS, TASKS, TRAIN_SEEDS, MiniHackEnv
+from trainer.envs.minihack import DIRECTIONS, EVAL_SEEDS, TASKS, TRAIN_SEEDS, MiniHackEnv
 from trainer.envs.splits import load_split, split_path
 
 
@@ -164,9 +164,7 @@ def test_the_observation_has_map_message_and_a_legend_with_relative_positions(en
     dx, dy = int(sx) - ax, int(sy) - ay
     parts = [f"{abs(dx)} {'east' if dx > 0 else 'west'}"] if dx else []
     parts += [f"{abs(dy)} {'south' if dy > 0 else 'north'}"] if dy else []
-    compass = {(0, -1): "north", (1, 0): "east", (0, 1): "south", (-1, 0): "west"}
-    compass |= {(1, -1): "northeast", (1, 1): "southeast", (-1, 1): "southwest", (-1, -1): "northwest"}
-    direction = compass[(int(np.sign(dx)), int(np.sign(dy)))]
+    direction = {move: name for name, move in DIRECTIONS.items()}[(int(np.sign(dx)), int(np.sign(dy)))]
     assert f"- staircase down (>): {direction} ({', '.join(parts)})" in obs
     assert "Message: " in obs and "Map (you are @" in obs and "Next to you: north " in obs
 
