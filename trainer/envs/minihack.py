@@ -41,6 +41,7 @@ DIRECTIONS: dict[str, tuple[int, int]] = {
     "southwest": (-1, 1),
     "northwest": (-1, -1),
 }
+COMPASS = {move: name for name, move in DIRECTIONS.items()}  # (dx, dy) of one step -> its name
 KEY_ACTIONS = ("pick up", "apply key")  # MiniHack's KeyRoom adds Command.PICKUP, Command.APPLY in this order
 
 TRAIN_SEEDS = range(0, 10**9)
@@ -120,9 +121,7 @@ def _relative(dx: int, dy: int) -> str:
         parts.append(f"{abs(dy)} {'south' if dy > 0 else 'north'}")
     if not parts:
         return "here"
-    step = (int(np.sign(dx)), int(np.sign(dy)))
-    compass = next(name for name, move in DIRECTIONS.items() if move == step)
-    return f"{compass} ({', '.join(parts)})"
+    return f"{COMPASS[int(np.sign(dx)), int(np.sign(dy))]} ({', '.join(parts)})"
 
 
 def _passable(desc: str) -> bool:
