@@ -137,6 +137,7 @@ class ExperienceManager:
         lam: float = retrieval.LAMBDA,
         recency_window_s: float = retrieval.RECENCY_WINDOW_S,
         diversify: bool = True,
+        relevance: str = "rank",
         ef_search: int = 200,
         capacity: int = 20_000,
         merge_chunk: int = 5,
@@ -147,7 +148,7 @@ class ExperienceManager:
         self.embedder = embedder or default_embedder()
         self.batch_size, self.max_wait_s, self.n_workers = batch_size, max_wait_s, workers
         self.oversample, self.lam, self.recency_window_s = oversample, lam, recency_window_s
-        self.diversify, self.ef_search = diversify, ef_search
+        self.diversify, self.relevance, self.ef_search = diversify, relevance, ef_search
         self.capacity, self.merge_chunk = capacity, merge_chunk
         self.rw = RWLock()
         self.stats = RetrievalStats()
@@ -319,7 +320,12 @@ class ExperienceManager:
                         self.stats.exact_fallbacks += 1
         now = timezone.now()
         results, counts = [], defaultdict(int)
-        ranking = {"diversify": self.diversify, "lam": self.lam, "window_s": self.recency_window_s}
+        ranking = {
+            "diversify": self.diversify,
+            "lam": self.lam,
+            "window_s": self.recency_window_s,
+            "relevance": self.relevance,
+        }
         for (_, _, k, n, counted), found in zip(queries, rows, strict=True):
             candidates = [retrieval.Candidate(r[0], r[14], r[6], r[7]) for r in found]
             if counted:

@@ -3,9 +3,11 @@
 One call of ``ActorUpdate.step(episodes)`` is one optimiser step over a batch of finished episodes:
 
 1. advantages per task instance, guided and free halves normalised separately (``losses`` estimator);
-2. old log-probs recomputed by the trainer model under ``no_grad``. The engine's own log-probs are not
-   used as π_old: the engine may run bf16 (off by ~0.02-0.07 per token from the fp32 trainer), and
-   the ratio must compare the trainer's model with itself. They are kept only to measure the
+2. π_old: one optimiser step per batch means π_old = π_θ, so the training forward's own log-probs,
+   detached, are π_old (ratio ≡ 1, the gradient is the policy gradient); a separate no-grad recompute
+   runs only with ``recompute_old_logprobs``. The engine's own log-probs are not used as π_old: the
+   engine may run bf16 (off by ~0.02-0.07 per token from the fp32 trainer), and the ratio must compare
+   the trainer's model with itself. They are kept only to measure the
    engine-trainer mismatch (``actor/engine_logp_diff``), which also catches an engine serving stale
    weights;
 3. PPO-clip token loss over masked tokens, accumulated over micro-batches, grad-norm clip, AdamW.
@@ -122,26 +124,28 @@ class ActorUpdate:
         ]
 
         t0 = time.perf_counter()
-        old = [self._old_logp(mb) for mb in mbs]
+        # one optimiser step per batch: π_old is π_θ, so the training forward's own log-probs (detached) are
+        # π_old and the ratio is exactly 1 (as verl does on-policy). The separate no-grad pass is only run
+        # when asked for (``recompute_old_logprobs``), e.g. for several optimiser steps per batch.
+        recomputed = [self._old_logp(mb) for mb in mbs] if self.cfg.recompute_old_logprobs else None
         metrics["time/recompute_s"] = time.perf_counter() - t0
-        # the stale-engine check runs every step: on one skipped row when no row has signal
-        checked = (mbs, old) if mbs or not every else ([every[:1]], [self._old_logp(every[:1])])
-        metrics |= self._engine_mismatch(*checked)
 
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total_loss, n_tok = 0.0, 0
         sums = {"clip_frac": 0.0, "approx_kl": 0.0}
-        for mb, mb_old in zip(mbs, old, strict=True):
+        old: list[torch.Tensor] = []
+        for i, mb in enumerate(mbs):
             logp = _pad(self._logp(mb), torch.float32)  # (B, T) over response ids
+            old.append(recomputed[i] if recomputed is not None else logp.detach())
             mask = _pad([r.segment.mask for r in mb], torch.float32)
             mb_adv = torch.tensor([r.adv for r in mb])
             mb_w = torch.tensor([r.weight for r in mb])
             # weights already carry the aggregation (see module docstring): sum tokens, weight rows
             loss, m = self.policy_loss(
                 logp,
-                mb_old,
+                old[-1],
                 mb_adv,
                 mask,
                 eps_low=self.cfg.clip_eps,
@@ -155,6 +159,10 @@ class ActorUpdate:
             n_tok += k
             for name in sums:
                 sums[name] += m[name] * k
+        # the stale-engine check runs every step, before the weights change: on one skipped row when no
+        # row has signal
+        checked = (mbs, old) if mbs or not every else ([every[:1]], [self._old_logp(every[:1])])
+        metrics |= self._engine_mismatch(*checked)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if rows:
             self.optimizer.step()

@@ -73,6 +73,18 @@ def save_checkpoint(
     return final
 
 
+def prune_checkpoints(out_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the latest ``keep`` complete checkpoints under ``out_dir`` (``keep`` 0: none);
+    returns the deleted folders. Called after a save, so the newest one is always complete."""
+    if keep < 1:
+        return []
+    done = sorted(p for p in (Path(out_dir) / "checkpoints").glob("step-*[0-9]") if (p / STATE_FILE).exists())
+    old = done[:-keep]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
 def find_checkpoint(path: Path) -> Path:
     """``path`` itself when it is a checkpoint; else the latest checkpoint under it (a run's out dir)."""
     path = Path(path)

@@ -200,6 +200,10 @@ class ActorConfig(_Section):
     """Registered policy loss (``trainer.losses.get_policy_loss``)."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass: less memory, about 30% more compute."""
+    recompute_old_logprobs: bool = False
+    """Recompute π_old's log-probs in a separate no-grad pass before the update. With one optimiser step
+    per batch (this trainer) π_old = π_θ, so the training forward's detached log-probs are exact and the
+    extra pass (a fifth of a CPU step) changes nothing; keep it for loss variants that need it."""
 
     def __post_init__(self) -> None:
         _require(bool(self.model_path), "model_path must name a model directory or hub id")
@@ -269,6 +273,9 @@ class ExperienceConfig(_Section):
     """Entries injected into a guided rollout's system prompt [1]."""
     diversity_lambda: float = 0.4
     """Re-ranking: s = s_rank - lambda·log(1 + times retrieved) - 1[retrieved recently] [0.4]."""
+    diversity_relevance: str = "rank"
+    """s_rank: 'rank' = minus the similarity rank among the candidates (0, -1, ...; the authors' code) or
+    'similarity' = the cosine similarity, whose [0, 1] range the penalties swamp."""
     recency_window_s: float = 300.0
     """An entry retrieved within this many seconds gets the recency penalty [300]."""
     oversample: int = 16
@@ -295,6 +302,7 @@ class ExperienceConfig(_Section):
     def __post_init__(self) -> None:
         _at_least("top_k", self.top_k, 1)
         _non_negative("diversity_lambda", self.diversity_lambda)
+        _one_of("diversity_relevance", self.diversity_relevance, ("rank", "similarity"))
         _non_negative("recency_window_s", self.recency_window_s)
         _at_least("oversample", self.oversample, 1)
         _at_least("query_batch_size", self.query_batch_size, 1)
@@ -379,6 +387,9 @@ class RunConfig(_Section):
     """Episodes per evaluation, each run with and without experience."""
     checkpoint_every: int = 50
     """Save weights every this many steps (0: only at the end)."""
+    checkpoint_keep: int = 0
+    """Keep only the latest this many checkpoints of the run, deleting older ones once a newer one is
+    complete (0: keep all). One checkpoint of SmolLM2-135M with its optimiser is about 1.6 GB."""
     actor: ActorConfig = field(default_factory=ActorConfig)
     """The policy πθ."""
     extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
@@ -411,6 +422,7 @@ class RunConfig(_Section):
         _at_least("eval_every", self.eval_every, 0)
         _at_least("eval_episodes", self.eval_episodes, 1)
         _at_least("checkpoint_every", self.checkpoint_every, 0)
+        _at_least("checkpoint_keep", self.checkpoint_keep, 0)
         self._check_ablations()
 
     def _check_ablations(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from trainer.actor import ActorUpdate
-from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trainer.config import RunConfig
 from trainer.envs.base import make_env, make_mixture
 from trainer.report import Reporter
@@ -165,4 +165,5 @@ class TrainingLoop:
             engine_version=self.engine.weight_version,
             config=self.cfg,
         )
+        prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
         return self.last_checkpoint

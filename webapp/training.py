@@ -93,6 +93,7 @@ def experience_store(run: Run, cfg: RunConfig):
         lam=e.diversity_lambda,
         recency_window_s=e.recency_window_s,
         diversify=cfg.diversifies,
+        relevance=e.diversity_relevance,
         capacity=e.capacity,
         merge_chunk=e.merge_chunk,
     )

@@ -182,10 +182,10 @@ def test_a_just_retrieved_entry_is_demoted(manager):
     [[first]] = manager.retrieve([HEAT_QUERY], "alfworld")
     [[second]] = manager.retrieve([HEAT_QUERY], "alfworld")
     assert (first.id, second.id) == (heat_id, cool_id)
-    assert second.score == pytest.approx(second.similarity)  # never retrieved: s = s_rank
+    assert second.score == pytest.approx(-1.0)  # never retrieved: s = s_rank = -rank, and it ranks second
     [[third]] = manager.retrieve([HEAT_QUERY], "alfworld")  # both recent now, each retrieved once
     assert third.id == heat_id
-    assert third.score == pytest.approx(third.similarity - 0.4 * np.log(2) - 1.0)
+    assert third.score == pytest.approx(0.0 - 0.4 * np.log(2) - 1.0)
 
 
 def test_an_often_retrieved_entry_is_demoted_and_the_switch_turns_it_off(run, embedder):
