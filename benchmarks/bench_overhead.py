@@ -92,12 +92,12 @@ def run_benchmark(args: argparse.Namespace) -> None:
     from django.contrib.auth.models import User
 
     from experience.manager import ExperienceManager
+    from trainer.assemble import build_engine
     from trainer.coevolution import BankRetriever
     from trainer.config import get_preset
     from trainer.loop import sample_tasks
     from trainer.models import default_model_path, load_tokenizer, prepare_default_models
     from trainer.rollout.runner import EpisodeRunner
-    from trainer.train import build_engine
     from webapp.models import Run
 
     path = prepare_default_models(default_model_path())

@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 
 from trainer.actor import ActorUpdate
+from trainer.assemble import build_engine
 from trainer.config import get_preset
 from trainer.loop import TrainingLoop, sample_tasks
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.report import BaseReporter
 from trainer.rollout.runner import EpisodeRunner
-from trainer.train import build_engine
 
 
 def main() -> None:

@@ -43,7 +43,6 @@ from trainer.extractor.track import Credit, ExtractorTrack
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
 from trainer.report import BaseReporter, Reporter
-from trainer.rollout.base import Engine
 from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
@@ -113,8 +112,17 @@ class BankRetriever:
             for e in entries:
                 self.entries[e.id] = e
             parts = [e.text for e in entries] + ([self.tool_note] if self.tool_note else [])
-            entry_id, version = (entries[0].id, entries[0].version) if entries else (None, None)
-            out.append(Experience("\n\n".join(parts), entry_id, version) if parts else None)
+            top = entries[0] if entries else None
+            out.append(
+                Experience(
+                    "\n\n".join(parts),
+                    top.id if top else None,
+                    top.version if top else None,
+                    top.similarity if top else None,
+                )
+                if parts
+                else None
+            )
         self.seconds += time.perf_counter() - t0
         self.queries += len(queries)
         return out
@@ -330,85 +338,3 @@ class CoevolutionLoop(TrainingLoop):
                 json.dumps({"weight_version": self.extractor.expected_version})
             )
         return path
-
-
-def build_extractor_engine(cfg: RunConfig) -> Engine:
-    """πϕ's inference engine, configured like the actor's (``cfg.rollout``) but for the extractor model."""
-    from trainer.rollout.base import engine_from_config
-
-    return engine_from_config(cfg.extractor.model_path, cfg.rollout, seed=cfg.seed + 1)
-
-
-def train(
-    cfg: RunConfig,
-    *,
-    store: ExperienceStore | None,
-    out_dir: Path,
-    resume: Path | None = None,
-    reporter: Reporter | None = None,
-    engine: Engine | None = None,
-    extractor_engine: Engine | None = None,
-) -> tuple[Metrics, TrainingLoop]:
-    """Train ``cfg`` with a method that uses experience; ``store``: the run's experience bank.
-    ``engine`` / ``extractor_engine``: reuse running engines (else built from the config, closed at the end).
-    Returns the last metrics and the loop, like ``trainer.train.train``."""
-    from trainer import train as plain
-    from trainer.models import load_causal_lm, load_tokenizer
-    from trainer.report import ConsoleReporter, JsonlReporter, Reporters
-
-    if not cfg.uses_experience:
-        raise ConfigError(f"method {cfg.method!r} uses no experience: train it with trainer.train.train")
-    if store is None:
-        raise ConfigError(
-            f"method {cfg.method!r} uses the experience bank, which needs the database: pass an experience "
-            "store (manage.py train makes one)"
-        )
-    out_dir = Path(out_dir)
-    state, tokenizer, model, actor = plain.prepare_actor(cfg, out_dir, resume)
-    x_tokenizer = load_tokenizer(cfg.extractor.model_path)
-    x_update = None
-    if cfg.extractor_trains:
-        x_path = (
-            state.path / "extractor" if state is not None and (state.path / "extractor").exists() else None
-        )
-        x_update = ExtractorUpdate(load_causal_lm(x_path or cfg.extractor.model_path), cfg.extractor)
-
-    own_engine, own_x_engine = engine is None, extractor_engine is None
-    engine = plain.build_engine(cfg) if engine is None else engine
-    try:
-        extractor_engine = build_extractor_engine(cfg) if extractor_engine is None else extractor_engine
-        plain.sync_if_stale(actor, engine, state)
-        x = cfg.extractor
-        extractor = Extractor(
-            extractor_engine,
-            x_tokenizer,
-            max_new_tokens=x.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            max_ops=x.max_ops,
-            trajectory_chars=x.trajectory_chars,
-        )
-        if x_update is not None and (extractor_engine.weight_version != 0 or state is not None):
-            x_update.sync(extractor)
-        reporter = reporter or Reporters(ConsoleReporter(), JsonlReporter(out_dir / "metrics.jsonl"))
-        loop = CoevolutionLoop(
-            cfg,
-            engine=engine,
-            model=model,
-            tokenizer=tokenizer,
-            out_dir=out_dir,
-            reporter=reporter,
-            actor=actor,
-            start_step=state.step + 1 if state else 1,
-            store=store,
-            extractor=extractor,
-            extractor_update=x_update,
-        )
-        if state is not None and (state.path / "extractor" / STATE_FILE).exists():
-            loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))
-        return loop.run(), loop
-    finally:
-        if own_x_engine and extractor_engine is not None:
-            extractor_engine.close()
-        if own_engine:
-            engine.close()

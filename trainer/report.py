@@ -152,3 +152,36 @@ class JsonlReporter(BaseReporter):
 
     def on_eval(self, step: int, metrics: Mapping[str, float]) -> None:
         self._write("eval", step, metrics)
+
+
+class EpisodeLogReporter(BaseReporter):
+    """Appends one compact line per training episode to ``path`` (no turns): what experiment reports need
+    to relate outcomes to the entries that guided them, without the database."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
+        with self.path.open("a") as f:
+            for e in episodes:
+                f.write(json.dumps(episode_line(step, e)) + "\n")
+
+
+def episode_line(step: int, e: Episode) -> dict[str, Any]:
+    """An episode's outcome and the entry that guided it (``entry_id`` None: free or nothing found)."""
+    x = e.experience
+    return {
+        "step": step,
+        "env": e.spec.env_name,
+        "seed": e.spec.seed,
+        "group": e.spec.group,
+        "guided": e.spec.guided,
+        "entry_id": x.entry_id if x else None,
+        "entry_version": x.entry_version if x else None,
+        "similarity": x.similarity if x else None,
+        "success": e.success,
+        "reward": e.reward,
+        "actions": e.num_actions,
+        "searches": sum(t.intercepted for t in e.turns),
+    }

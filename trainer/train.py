@@ -4,134 +4,27 @@
         --set actor.lr=2e-5 --out var/runs/room5
     python -m trainer.train --resume var/runs/room5 --steps 40      # continue the same run
 
-``manage.py train`` takes the same arguments (``webapp/management/commands/train.py``).
+``manage.py train`` takes the same arguments (``webapp/management/commands/train.py``). This module is only
+the entry point: ``trainer.assemble`` builds the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
-
-import numpy as np
-import torch
+from typing import IO
 
 from trainer import paths
-from trainer.actor import ActorUpdate
-from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
+from trainer.assemble import file_reporters, train
+from trainer.checkpoint import read_checkpoint
 from trainer.config import ConfigError, RunConfig, get_preset
-from trainer.envs.base import make_mixture
-from trainer.loop import Metrics, TrainingLoop
-from trainer.models import load_causal_lm, load_tokenizer
-from trainer.report import ConsoleReporter, JsonlReporter, Reporter, Reporters
-from trainer.rollout.base import Engine, engine_from_config
-from trainer.rollout.runner import Retriever
-from trainer.store import ExperienceStore
+from trainer.loop import Metrics
+from trainer.report import ConsoleReporter
 
-
-def build_engine(cfg: RunConfig) -> Engine:
-    """The rollout engine of ``cfg.rollout`` serving the actor's initial weights."""
-    return engine_from_config(cfg.actor.model_path, cfg.rollout, seed=cfg.seed)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def prepare_actor(
-    cfg: RunConfig, out_dir: Path, resume: Path | None
-) -> tuple[CheckpointState | None, Any, Any, ActorUpdate]:
-    """What every method does before its loop: check the env and the checkpoint to resume (before loading
-    anything), write the run's config, seed, load the actor (and its optimiser state when resuming)."""
-    make_mixture(cfg.env)
-    state = None
-    if resume is not None:
-        state = read_checkpoint(Path(resume))
-        check_resumable(state.config, cfg)
-        if state.step >= cfg.steps:
-            raise ConfigError(
-                f"the checkpoint is at step {state.step} already; pass --steps above it to go on"
-            )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-    seed_everything(cfg.seed)
-    tokenizer = load_tokenizer(cfg.actor.model_path)
-    model = load_causal_lm(cfg.actor.model_path)
-    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
-    if state is not None:
-        load_checkpoint(state, model=model, optimizer=actor.optimizer)
-    return state, tokenizer, model, actor
-
-
-def sync_if_stale(actor: ActorUpdate, engine: Engine, state: CheckpointState | None) -> None:
-    """The engine must serve the actor's weights: after a resume, or when it served another run before."""
-    if state is not None or engine.weight_version != 0:
-        actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
-
-
-def train(
-    cfg: RunConfig,
-    *,
-    out_dir: Path,
-    resume: Path | None = None,
-    reporter: Reporter | None = None,
-    engine: Engine | None = None,
-    retrieve: Retriever | None = None,
-    store: ExperienceStore | None = None,
-    extractor_engine: Engine | None = None,
-) -> tuple[Metrics, TrainingLoop]:
-    """Train the actor of ``cfg``, writing checkpoints and ``metrics.jsonl`` under ``out_dir``.
-
-    Methods that use experience (static_online, exp_only, complementary) run ``trainer.coevolution.train``
-    with ``store`` (the run's experience bank, required) and ``extractor_engine`` (optional, reused).
-
-    ``resume``: a checkpoint folder or a run's out dir (its latest checkpoint); the config must equal the
-    checkpoint's except ``steps``. ``engine``: reuse a running engine (its weights are re-synced from the
-    actor first); by default one is built from the config and closed at the end.
-    Returns the last metrics and the loop (its ``last_checkpoint``, ``model`` ...).
-    """
-    if cfg.uses_experience:
-        from trainer import coevolution
-
-        return coevolution.train(
-            cfg,
-            store=store,
-            out_dir=out_dir,
-            resume=resume,
-            reporter=reporter,
-            engine=engine,
-            extractor_engine=extractor_engine,
-        )
-    out_dir = Path(out_dir)
-    state, tokenizer, model, actor = prepare_actor(cfg, out_dir, resume)
-
-    own_engine = engine is None
-    engine = build_engine(cfg) if engine is None else engine
-    try:
-        sync_if_stale(actor, engine, state)
-        reporter = reporter or Reporters(ConsoleReporter(), JsonlReporter(out_dir / "metrics.jsonl"))
-        loop = TrainingLoop(
-            cfg,
-            engine=engine,
-            model=model,
-            tokenizer=tokenizer,
-            out_dir=out_dir,
-            reporter=reporter,
-            actor=actor,
-            start_step=state.step + 1 if state else 1,
-            retrieve=retrieve,
-        )
-        return loop.run(), loop
-    finally:
-        if own_engine:
-            engine.close()
+__all__ = ["add_arguments", "config_from_args", "main", "run_from_args", "train"]
 
 
 # ---- command line (shared with manage.py train) ---------------------------------------------------
@@ -183,7 +76,7 @@ def run_from_args(args: argparse.Namespace, stdout: IO[str] | None = None) -> Me
     if out is None:
         out = args.resume if args.resume and not (Path(args.resume) / "state.json").exists() else None
     out = out or paths.var_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    reporter = Reporters(ConsoleReporter(stdout), JsonlReporter(Path(out) / "metrics.jsonl"))
+    reporter = file_reporters(Path(out), ConsoleReporter(stdout))
     metrics, loop = train(cfg, out_dir=Path(out), resume=args.resume, reporter=reporter)
     print(f"run folder: {out}; last checkpoint: {loop.last_checkpoint}", file=stdout or sys.stdout)
     return metrics

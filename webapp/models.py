@@ -26,6 +26,26 @@ class RunQuerySet(models.QuerySet):
         return self.filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
 
 
+class Experiment(models.Model):
+    """A named grid of runs (methods × seeds on one shared budget) from ``configs/experiments/*.toml``;
+    its runs keep their own pages and are its cells (``Run.experiment``, ``Run.cell``)."""
+
+    name = models.SlugField(max_length=80, unique=True)
+    description = models.TextField(blank=True)
+    spec = models.JSONField(default=dict, help_text="The experiment file as loaded (trainer.experiments).")
+    source = models.CharField(max_length=500, blank=True, help_text="The file it was loaded from.")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments")
+    shared = models.BooleanField(default=True, help_text="Visible to every user, not just the owner.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Run(models.Model):
     """One training run: its configuration, its state, and who owns it."""
 
@@ -60,12 +80,23 @@ class Run(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs"
+    )
+    cell = models.CharField(max_length=120, blank=True, help_text="Its cell in the experiment: arm/s<seed>.")
 
     objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
         permissions = [("launch_run", "Can launch, clone and resume runs")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "cell"],
+                condition=Q(experiment__isnull=False),
+                name="one_run_per_experiment_cell",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from django.conf import settings
 
+from trainer.checkpoint import STATE_FILE, read_checkpoint
 from trainer.config import RunConfig
 from trainer.paths import var_dir
-from trainer.report import ConsoleReporter, JsonlReporter, Reporter, Reporters
+from trainer.report import ConsoleReporter, Reporter
 from webapp.models import Run
 from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
@@ -45,10 +46,16 @@ def environment_snapshot() -> dict[str, str]:
 
 
 def _resume_point(run: Run, out_dir: Path) -> Path | None:
-    """A redelivered run resumes from its own checkpoints; a new one from the checkpoint it was given."""
-    if any(out_dir.glob("checkpoints/step-*")):
+    """A redelivered run resumes from its own checkpoints (complete ones: a ``.partial`` folder is a save
+    that was cut short); a new one from the checkpoint it was given."""
+    if any((p / STATE_FILE).exists() for p in out_dir.glob("checkpoints/step-*[0-9]")):
         return out_dir
     return Path(run.resume_from) if run.resume_from else None
+
+
+def _already_trained(cfg: RunConfig, resume: Path | None, out_dir: Path) -> bool:
+    """The run's own last checkpoint is its final step: it died after training, before it was marked done."""
+    return resume == out_dir and read_checkpoint(out_dir).step >= cfg.steps
 
 
 def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequence[Reporter] = ()) -> str:
@@ -56,26 +63,33 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
 
     The Celery task and ``manage.py train`` both come here, so a run behaves the same from either.
     """
-    from trainer.train import train
+    from trainer.assemble import file_reporters, train
 
     cfg = RunConfig.from_dict(run.config)
     out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
+    if _already_trained(cfg, resume, out_dir):
+        return _finish(run, Run.Status.SUCCEEDED)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
     out_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         stack.enter_context(Heartbeat(run.pk))
         log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
-        reporter = Reporters(
-            RunReporter(run), JsonlReporter(out_dir / "metrics.jsonl"), ConsoleReporter(log), *extra_reporters
-        )
+        reporter = file_reporters(out_dir, RunReporter(run), ConsoleReporter(log), *extra_reporters)
         extra = {}
         if cfg.uses_experience:
             extra["store"] = stack.enter_context(experience_store(run, cfg))
         train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, **extra)
     cancelled = Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
-    status = Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED
+    return _finish(run, Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED)
+
+
+def _finish(run: Run, status: str) -> str:
     run.finish(status)
+    if run.experiment_id is not None and status == Run.Status.SUCCEEDED:
+        from webapp.experiments import export_results
+
+        export_results(run)
     return status
 
 

@@ -14,13 +14,14 @@ import io
 import pytest
 import torch
 
+from trainer.assemble import build_engine
 from trainer.checkpoint import read_checkpoint
 from trainer.config import ConfigError, get_preset
 from trainer.evaluate import evaluate_checkpoint
 from trainer.models import default_model_path, load_causal_lm, prepare_default_models
 from trainer.report import BaseReporter, ConsoleReporter, Reporters
 from trainer.rollout.base import sequence_logprobs
-from trainer.train import build_engine, config_from_args, main, train
+from trainer.train import config_from_args, main, train
 
 # Small enough for this machine; sampled at 0.7 so that rollouts of one task differ in outcome.
 # Seed 112: the instances of steps 1, 2 and 3 are each one move from the stairs.

@@ -23,7 +23,7 @@ from celery.contrib.testing.worker import start_worker
 
 from experience.models import Experience, Merge, SearchAsk
 from tests.conftest import wait_for
-from trainer import train as plain
+from trainer import assemble
 from trainer.checkpoint import read_checkpoint
 from trainer.coevolution import STATE_FILE
 from trainer.config import get_preset
@@ -114,9 +114,9 @@ def _changed(model: torch.nn.Module, reference: torch.nn.Module) -> bool:
 
 @pytest.fixture
 def steered_engine(monkeypatch):
-    build = plain.build_engine
+    build = assemble.build_engine
     monkeypatch.setattr(
-        plain, "build_engine", lambda cfg: Steered(build(cfg), load_tokenizer(cfg.actor.model_path))
+        assemble, "build_engine", lambda cfg: Steered(build(cfg), load_tokenizer(cfg.actor.model_path))
     )
 
 

@@ -98,14 +98,13 @@ class ExperimentSpec:
 
     def cells(self) -> list[Cell]:
         """Every run of the grid, arm by arm, seed by seed (the order they are queued in)."""
-        budgeted = self.base.with_overrides(**self.budget)
         out = []
         for arm, method, overrides, bank in [(m, m, {}, None) for m in self.methods] + [
             (v.name, v.method, v.overrides, v.bank) for v in self.variants
         ]:
             for seed in self.seeds:
                 try:
-                    cfg = budgeted.with_overrides(method=method, seed=seed, **overrides)
+                    cfg = self.base.with_overrides(**self.budget, method=method, seed=seed, **overrides)
                 except ConfigError as err:
                     raise ConfigError(f"experiment {self.name!r}, cell {arm}/s{seed}: {err}") from None
                 out.append(Cell(arm, seed, cfg, bank))

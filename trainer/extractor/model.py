@@ -63,11 +63,14 @@ class ExtractorStats:
     dropped_items: Counter = field(default_factory=Counter)
     repaired: Counter = field(default_factory=Counter)
     ops: Counter = field(default_factory=Counter)
+    tokens: Counter = field(default_factory=Counter)
+    """Generated tokens by job: the extractor's inference compute."""
     failures: list[str] = field(default_factory=list)
     """The last few unparseable answers (job: text), for people to read."""
 
-    def record(self, job: str, parsed: parsing.Parsed, raw: str) -> None:
+    def record(self, job: str, parsed: parsing.Parsed, raw: str, tokens: int = 0) -> None:
         self.calls[job] += 1
+        self.tokens[job] += tokens
         self.dropped_items[job] += len(parsed.errors) if parsed.ok else 0
         self.repaired[job] += parsed.repaired
         if not parsed.ok:
@@ -79,6 +82,7 @@ class ExtractorStats:
         for job in ("distil", "merge", "refine"):
             out[f"{prefix}{job}_calls"] = float(self.calls[job])
             out[f"{prefix}{job}_unparseable"] = float(self.unparseable[job])
+            out[f"{prefix}{job}_tokens"] = float(self.tokens[job])
         for kind in ("add", "update", "return"):
             out[f"{prefix}ops_{kind}"] = float(self.ops[kind])
         out[f"{prefix}parse_failures"] = float(sum(self.unparseable.values()))
@@ -177,9 +181,9 @@ class Extractor:
             logprobs[i] = list(lp)
         return logprobs
 
-    def _record(self, job: str, parsed: parsing.Parsed, raw: str, ops: Sequence[Op] = ()) -> None:
+    def _record(self, job: str, parsed: parsing.Parsed, g: Generation, ops: Sequence[Op] = ()) -> None:
         with self._stats_lock:
-            self.stats.record(job, parsed, raw)
+            self.stats.record(job, parsed, g.response, len(g.token_ids))
             for op in ops:
                 self.stats.ops[op.kind] += 1
 
@@ -212,7 +216,7 @@ class Extractor:
                 g.response, max_ops=self.max_ops, can_update=r.retrieved is not None
             )
             ops = [self._op(r, p, g) for p in parsed.items]
-            self._record("distil", parsed, g.response, ops)
+            self._record("distil", parsed, g, ops)
             results.append(DistilResult(r, g, ops, parsed))
         return results
 
@@ -229,7 +233,7 @@ class Extractor:
         ids = [e.id for e in chunk]
         (g,) = self.generate([xp.merge_messages(chunk)], [xp.merge_schema(ids)])
         parsed = parsing.parse_merge(g.response, ids)
-        self._record("merge", parsed, g.response)
+        self._record("merge", parsed, g)
         return MergePlan(tuple(parsed.items) if parsed.ok else None, generation=g, raw=g.response)
 
     def refine_fn(self, query: str, entry: Entry | None) -> Refinement:
@@ -238,7 +242,7 @@ class Extractor:
             return Refinement("No stored experience matches this question yet.")
         (g,) = self.generate([xp.refine_messages(query, entry)], [xp.refine_schema()])
         parsed = parsing.parse_refine(g.response)
-        self._record("refine", parsed, g.response)
+        self._record("refine", parsed, g)
         # the entry itself still helps when the answer is unusable
         text = parsed.items[0] if parsed.items else entry.text
         return Refinement(text, generation=g)

@@ -244,6 +244,7 @@ class ExtractorTrack:
         if self.update is None or self.latest_step <= self.warmup_steps:
             return
         while self.buffer.ready():
+            t0 = time.perf_counter()
             with self.update_lock:
                 batch = self.buffer.take()
                 metrics = self.update.step(batch, self.extractor)
@@ -251,4 +252,10 @@ class ExtractorTrack:
             self.store.record_training(batch.entry_ids, step=batch.step)
             with self._lock:
                 self.last_update = metrics
-            self._count(updates=1, updates_with_signal=float(metrics["extractor/adv_abs_mean"] > 0))
+            self._count(
+                updates=1,
+                updates_with_signal=float(metrics["extractor/adv_abs_mean"] > 0),
+                update_s=time.perf_counter() - t0,
+                adv_abs_sum=metrics["extractor/adv_abs_mean"],
+                clip_frac_sum=metrics["extractor/clip_frac"],
+            )

@@ -1,0 +1,359 @@
+"""Experiment files, the statistics of reports (against scipy.stats) and reports built from result files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from trainer.config import ConfigError
+from trainer.experiments.files import last_attempt, read_lines, write_lines
+from trainer.experiments.report import (
+    bank_quality,
+    build_report,
+    entry_quality,
+    entry_usefulness,
+    load_results,
+    merge_effects,
+)
+from trainer.experiments.spec import ExperimentSpec
+from trainer.experiments.stats import area_under_curve, steps_to_reach, t_interval, wilson_interval
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spec_of(**data) -> ExperimentSpec:
+    base = {"name": "grid", "base": "cpu", "methods": ["grpo", "complementary"], "seeds": [0, 1]}
+    return ExperimentSpec.from_dict(base | data, folder=REPO / "configs" / "experiments")
+
+
+# ---- the experiment file ----------------------------------------------------------------------------
+
+
+def test_every_shipped_experiment_file_loads_with_one_budget_for_every_cell():
+    files = sorted((REPO / "configs" / "experiments").glob("*.toml"))
+    assert files
+    for path in files:
+        spec = ExperimentSpec.from_file(path)
+        cells = spec.cells()
+        assert len(cells) == len(spec.arms) * len(spec.seeds)
+        for key, value in spec.budget.items():
+            section, _, leaf = key.rpartition(".")
+            for c in cells:
+                node = c.config.to_dict()
+                node = node[section] if section else node
+                assert node[leaf] == value, (path.name, c.key, key)
+        assert len({c.key for c in cells}) == len(cells)
+
+
+def test_cells_are_the_base_then_budget_then_method_and_seed():
+    spec = spec_of(budget={"steps": 3, "k_rollouts": 4}, set={"env": "Sokoban-6x6"})
+    cells = {c.key: c for c in spec.cells()}
+    assert list(cells) == ["grpo/s0", "grpo/s1", "complementary/s0", "complementary/s1"]
+    c = cells["complementary/s1"]
+    assert (c.config.method, c.config.seed, c.config.steps, c.config.k_rollouts) == ("complementary", 1, 3, 4)
+    assert c.config.env == "Sokoban-6x6" and c.slug == "complementary-s1"
+
+
+def test_a_variant_gets_its_own_arm_and_may_not_change_the_budget():
+    spec = spec_of(
+        budget={"steps": 3},
+        variants=[{"name": "curated", "method": "static_online", "bank": "room-curated.jsonl"}],
+    )
+    curated = [c for c in spec.cells() if c.arm == "curated"]
+    assert [c.seed for c in curated] == [0, 1] and curated[0].bank.name == "room-curated.jsonl"
+    with pytest.raises(ConfigError, match="same budget"):
+        spec_of(budget={"steps": 3}, variants=[{"name": "v", "method": "grpo", "set": {"steps": 9}}])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"name": "Bad Name"}, "name must be"),
+        ({"methods": ["ppo"]}, "not one of"),
+        ({"seeds": [0, 0]}, "seeds must be distinct"),
+        ({"seeds": [-1]}, "seeds must be distinct"),
+        ({"budget": {"actor.lr": 1.0}}, "not budget"),
+        ({"budget": {"k_rollouts": 1}}, "cell grpo/s0: k_rollouts must be at least 2"),
+        ({"colour": "red"}, "unknown experiment keys"),
+        ({"variants": [{"name": "v", "method": "static_online", "bank": "nope.jsonl"}]}, "does not exist"),
+        ({"methods": [], "variants": []}, "at least one method"),
+        ({"set": {"seed": 3}}, "may not name method or seed"),
+    ],
+)
+def test_a_bad_experiment_file_is_refused_with_a_clear_message(data, message):
+    with pytest.raises(ConfigError, match=message):
+        spec_of(**data)
+
+
+# ---- statistics ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values", [[0.1, 0.5, 0.3], [0.75, 0.8], [1.0, 1.0, 1.0], [0.2, 0.4, 0.9, 0.35, 0.6]]
+)
+def test_the_t_interval_is_scipys(values):
+    iv = t_interval(values)
+    assert iv.mean == pytest.approx(sum(values) / len(values)) and iv.n == len(values)
+    sem = stats.sem(values)
+    if sem == 0:  # every seed equal: scipy's interval is undefined, ours has zero width
+        assert iv.low == iv.high == pytest.approx(iv.mean)
+        return
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=iv.mean, scale=sem)
+    assert (iv.low, iv.high) == (pytest.approx(low), pytest.approx(high))
+
+
+def test_one_seed_has_no_interval():
+    iv = t_interval([0.4])
+    assert iv.mean == 0.4 and math.isnan(iv.low) and str(iv) == "0.400 (n=1)"
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 64), (5, 64), (32, 64), (64, 64), (7, 10)])
+def test_the_wilson_interval_is_scipys(k, n):
+    iv = wilson_interval(k, n)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert (iv.low, iv.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert iv.mean == pytest.approx(k / n)
+
+
+def test_auc_is_the_mean_of_the_curve_over_its_steps_and_thresholds_find_the_first_step():
+    assert area_under_curve([0, 10, 20], [0.0, 0.5, 1.0]) == pytest.approx(0.5)
+    assert area_under_curve([0, 10], [0.2, 0.2]) == pytest.approx(0.2)
+    assert area_under_curve([5], [0.3]) == 0.3
+    assert steps_to_reach([0, 10, 20], [0.1, 0.6, 0.8], 0.5) == 10
+    assert steps_to_reach([0, 10, 20], [0.1, 0.6, 0.7], 0.75) is None
+
+
+# ---- result files --------------------------------------------------------------------------------------
+
+
+def test_a_resumed_runs_repeated_steps_keep_only_their_last_attempt(tmp_path):
+    rows = [{"kind": "eval", "step": 0, "v": 0}, {"kind": "step", "step": 1, "v": 1}]
+    rows += [{"kind": "step", "step": 2, "v": "first"}, {"kind": "step", "step": 3, "v": "lost"}]
+    rows += [{"kind": "step", "step": 2, "v": "again"}, {"kind": "step", "step": 3, "v": 3}]
+    kept = last_attempt(rows)
+    assert [(r["step"], r["v"]) for r in kept] == [(0, 0), (1, 1), (2, "again"), (3, 3)]
+    episodes = [{"step": 1, "i": 0}, {"step": 1, "i": 1}, {"step": 2, "i": 0}, {"step": 1, "i": 9}]
+    assert [r["i"] for r in last_attempt(episodes)] == [9, 0]
+    path = tmp_path / "m.jsonl"
+    write_lines(path, kept)
+    path.write_text(path.read_text() + '{"kind": "step", "st')  # a line cut by a crash
+    assert read_lines(path) == kept
+
+
+# ---- reports --------------------------------------------------------------------------------------------
+
+
+def _episodes(rng: random.Random, steps: int, guided_rate: float, free_rate: float) -> list[dict]:
+    out = []
+    for step in range(1, steps + 1):
+        for group in range(2):
+            for k in range(4):
+                guided = k < 2
+                rate = guided_rate if guided else free_rate
+                out.append(
+                    {
+                        "step": step,
+                        "env": "E",
+                        "seed": group,
+                        "group": group,
+                        "guided": guided,
+                        "entry_id": (1 + k % 2) if guided else None,
+                        "entry_version": 1,
+                        "similarity": 0.5 if guided else None,
+                        "success": rng.random() < rate,
+                        "reward": 0.0,
+                        "actions": 3,
+                        "searches": 0,
+                    }
+                )
+    return out
+
+
+def write_fake_grid(folder: Path, steps: int = 4) -> None:
+    """Two arms × two seeds of result files shaped as ``export_results`` writes them."""
+    rng = random.Random(0)
+    for method in ("grpo", "complementary"):
+        for seed in (0, 1):
+            d = folder / "runs" / f"{method}-s{seed}"
+            d.mkdir(parents=True)
+            (d / "cell.json").write_text(
+                json.dumps({"cell": f"{method}/s{seed}", "method": method, "status": "succeeded"})
+            )
+            (d / "config.json").write_text(json.dumps({"method": method, "experience": {"warmup_steps": 1}}))
+            rows = []
+            for step in (0, 2, 4):
+                row = {
+                    "kind": "eval",
+                    "step": step,
+                    "eval/success": 0.1 * step + 0.05 * seed,
+                    "eval/episodes": 64,
+                }
+                if method != "grpo":
+                    row |= {"eval/with_exp/success": 0.12 * step, "eval/with_exp/episodes": 64}
+                rows.append(row | {"eval/time_s": 10.0})
+            for step in range(1, steps + 1):
+                row = {
+                    "kind": "step",
+                    "step": step,
+                    "train/success": 0.2,
+                    "time/step_s": 30.0,
+                    "time/rollout_s": 10.0,
+                    "time/backward_s": 15.0,
+                    "rollout/generated_tokens": 100,
+                }
+                if method != "grpo":
+                    row |= {
+                        "train/guided/success": 0.3,
+                        "train/free/success": 0.2,
+                        "extractor/buffer": step % 3,
+                        "extractor/updates": step,
+                        "extractor/updates_with_signal": step - 1,
+                        "extractor/adv_abs_sum": 0.5 * step,
+                        "extractor/clip_frac_sum": 0.0,
+                        "extractor/distil_calls": 16 * step,
+                        "extractor/distil_tokens": 900 * step,
+                        "extractor/update_s": 4.0 * step,
+                    }
+                rows.append(row)
+            write_lines(d / "metrics.jsonl", rows)
+            if method != "grpo":
+                write_lines(d / "episodes.jsonl", _episodes(rng, steps, 0.6, 0.2))
+                write_lines(
+                    d / "changes.jsonl",
+                    [
+                        {
+                            "id": 1,
+                            "entry": 1,
+                            "kind": "add",
+                            "step": 1,
+                            "title": "Go southeast to >",
+                            "content": "move southeast toward the staircase",
+                            "deleted": False,
+                        },
+                        {
+                            "id": 2,
+                            "entry": 2,
+                            "kind": "add",
+                            "step": 1,
+                            "title": "Nothing happened.",
+                            "content": "{{lessonEnd}} .",
+                            "deleted": False,
+                        },
+                        {
+                            "id": 3,
+                            "entry": 3,
+                            "kind": "merge_add",
+                            "step": 2,
+                            "title": "Walk to the stairs",
+                            "content": "go toward > in its compass direction",
+                            "deleted": False,
+                        },
+                        {
+                            "id": 4,
+                            "entry": 2,
+                            "kind": "merge_remove",
+                            "step": 2,
+                            "title": "",
+                            "content": "",
+                            "deleted": True,
+                        },
+                    ],
+                )
+                write_lines(
+                    d / "merges.jsonl",
+                    [
+                        {
+                            "id": 1,
+                            "scope": "E",
+                            "step": 2,
+                            "chunk": 0,
+                            "decision": "changed",
+                            "inputs": [1, 2],
+                            "outputs": [3],
+                            "actions": [],
+                        }
+                    ],
+                )
+
+
+def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
+    write_fake_grid(tmp_path)
+    out = build_report(tmp_path)
+    md = (out / "report.md").read_text()
+    for heading in (
+        "## 1. Evaluation success",
+        "## 2. Final evaluation in the paper's Table 1 layout",
+        "## 3. What the experience did",
+        "### Guided vs free",
+        "### Entries: success when retrieved",
+        "### Merge passes",
+        "### Bank quality",
+        "## 4. What the extractor did",
+        "## 5. Cost",
+    ):
+        assert heading in md, heading
+    for png in ("eval_success.png", "guided_free.png", "bank_quality.png", "extractor.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert {(r["run"], r["column"]) for r in rows} >= {
+        ("grpo-s0", "without experience"),
+        ("complementary-s1", "with experience"),
+    }
+    final = {(r["run"], r["column"]): float(r["final_success"]) for r in rows}
+    assert final[("grpo-s1", "without experience")] == pytest.approx(0.45)
+    # the seed-mean of grpo's final success is 0.425 with a t-interval over its 2 seeds
+    expected = t_interval([0.4, 0.45])
+    assert f"{expected.mean:.3f} ± {expected.half_width:.3f}" in md
+
+
+def test_results_load_in_method_order_with_their_last_rows(tmp_path):
+    write_fake_grid(tmp_path)
+    runs = load_results(tmp_path)
+    assert [r.slug for r in runs] == ["grpo-s0", "grpo-s1", "complementary-s0", "complementary-s1"]
+    assert sorted(runs[0].evals) == [0, 2, 4] and runs[2].warmup == 1
+
+
+def test_usefulness_is_success_when_retrieved_minus_the_free_base_rate_of_the_same_instances():
+    def ep(step, group, guided, success, entry=None):
+        return {"step": step, "group": group, "guided": guided, "success": success, "entry_id": entry}
+
+    episodes = [
+        ep(1, 0, False, True),
+        ep(1, 0, False, False),
+        ep(1, 0, True, True, 7),
+        ep(1, 0, True, False, 8),
+    ]
+    episodes += [ep(1, 1, False, False), ep(1, 1, False, False), ep(1, 1, True, True, 7)]
+    use = entry_usefulness(episodes)
+    assert use[7] == [pytest.approx(0.5), pytest.approx(1.0)] and use[8] == [pytest.approx(-0.5)]
+
+
+def test_a_merge_pass_is_scored_by_its_inputs_before_and_its_outputs_after(tmp_path):
+    write_fake_grid(tmp_path)
+    run = [r for r in load_results(tmp_path) if r.slug == "complementary-s0"][0]
+    (effect,) = merge_effects(run)
+    assert (effect["step"], effect["inputs"], effect["outputs"]) == (2, 2, 1)
+    assert effect["uses_before"] > 0 and effect["uses_after"] == 0  # entry 3 was never retrieved
+
+
+def test_the_quality_rule_marks_grounded_entries_and_duplicates():
+    assert entry_quality("Go southeast", "walk toward the staircase >", [])["good"]
+    assert not entry_quality("The gold is yours", "{{lessonEnd}} .", [])["good"]
+    first = entry_quality("Nothing happened.", "Nothing happened.", [])
+    assert not first["action"] and not first["object"]
+    seen = [{"go", "southeast", "walk", "toward", "the", "staircase", ">"}]
+    assert entry_quality("Go southeast", "walk toward the staircase >", seen)["duplicate"]
+
+
+def test_bank_quality_replays_the_banks_history_step_by_step(tmp_path):
+    write_fake_grid(tmp_path)
+    run = [r for r in load_results(tmp_path) if r.slug == "complementary-s0"][0]
+    q = {row["step"]: row for row in bank_quality(run.changes)}
+    assert q[1]["entries"] == 2 and q[1]["good"] == pytest.approx(0.5)  # "Nothing happened." is not
+    assert q[2]["entries"] == 2 and q[2]["good"] == pytest.approx(1.0)  # the merge removed it

@@ -1,0 +1,174 @@
+"""One place assembles a run (STYLE.md): read the config, build what its method needs, pick the loop.
+
+    train(cfg, out_dir=..., store=...)   # every entry point: trainer.train (CLI), the Celery task,
+                                         # manage.py train, the experiment runner
+
+- every method: the actor (its model, tokenizer and update, resumed from a checkpoint if asked), the
+  actor's rollout engine, the reporters;
+- methods that use experience (static_online, exp_only, complementary): the experience store (passed in:
+  it needs the database), πϕ's engine, πϕ's update when it trains, and ``CoevolutionLoop`` instead of the
+  plain ``TrainingLoop``.
+
+Modules import downward: ``trainer.train`` (the CLI) → this module → ``trainer.coevolution`` and
+``trainer.loop``; nothing imports back up.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.actor import ActorUpdate
+from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
+from trainer.coevolution import STATE_FILE, CoevolutionLoop
+from trainer.config import ConfigError, RunConfig
+from trainer.envs.base import make_mixture
+from trainer.extractor.model import Extractor
+from trainer.extractor.update import ExtractorUpdate
+from trainer.loop import Metrics, TrainingLoop
+from trainer.models import load_causal_lm, load_tokenizer
+from trainer.report import ConsoleReporter, EpisodeLogReporter, JsonlReporter, Reporter, Reporters
+from trainer.rollout.base import Engine, engine_from_config
+from trainer.rollout.runner import Retriever
+from trainer.store import ExperienceStore
+
+
+def build_engine(cfg: RunConfig) -> Engine:
+    """The rollout engine of ``cfg.rollout`` serving the actor's initial weights."""
+    return engine_from_config(cfg.actor.model_path, cfg.rollout, seed=cfg.seed)
+
+
+def build_extractor_engine(cfg: RunConfig) -> Engine:
+    """πϕ's inference engine, configured like the actor's (``cfg.rollout``) but for the extractor model."""
+    return engine_from_config(cfg.extractor.model_path, cfg.rollout, seed=cfg.seed + 1)
+
+
+def file_reporters(out_dir: Path, *more: Reporter) -> Reporters:
+    """What every run writes into its folder: ``metrics.jsonl`` and ``episodes.jsonl`` (plus ``more``)."""
+    out_dir = Path(out_dir)
+    return Reporters(
+        *more, JsonlReporter(out_dir / "metrics.jsonl"), EpisodeLogReporter(out_dir / "episodes.jsonl")
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def read_resume_point(cfg: RunConfig, resume: Path | None) -> CheckpointState | None:
+    """The checkpoint to resume from, checked against ``cfg`` before anything loads."""
+    if resume is None:
+        return None
+    state = read_checkpoint(Path(resume))
+    check_resumable(state.config, cfg)
+    if state.step >= cfg.steps:
+        raise ConfigError(f"the checkpoint is at step {state.step} already; pass --steps above it to go on")
+    return state
+
+
+def prepare_actor(
+    cfg: RunConfig, out_dir: Path, state: CheckpointState | None
+) -> tuple[Any, Any, ActorUpdate]:
+    """Write the run's config, seed, load the actor (and its optimiser state when resuming)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    seed_everything(cfg.seed)
+    tokenizer = load_tokenizer(cfg.actor.model_path)
+    model = load_causal_lm(cfg.actor.model_path)
+    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
+    if state is not None:
+        load_checkpoint(state, model=model, optimizer=actor.optimizer)
+    return tokenizer, model, actor
+
+
+def sync_if_stale(actor: ActorUpdate, engine: Engine, state: CheckpointState | None) -> None:
+    """The engine must serve the actor's weights: after a resume, or when it served another run before."""
+    if state is not None or engine.weight_version != 0:
+        actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
+
+
+def build_extractor(
+    cfg: RunConfig, engine: Engine, state: CheckpointState | None
+) -> tuple[Extractor, ExtractorUpdate | None]:
+    """πϕ at inference over ``engine``, and its update when the method trains it (resumed with the run)."""
+    x = cfg.extractor
+    update = None
+    if cfg.extractor_trains:
+        saved = state.path / "extractor" if state is not None else None
+        path = saved if saved is not None and saved.exists() else x.model_path
+        update = ExtractorUpdate(load_causal_lm(path), x)
+    extractor = Extractor(
+        engine,
+        load_tokenizer(x.model_path),
+        max_new_tokens=x.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_ops=x.max_ops,
+        trajectory_chars=x.trajectory_chars,
+    )
+    if update is not None and (engine.weight_version != 0 or state is not None):
+        update.sync(extractor)
+    return extractor, update
+
+
+def train(
+    cfg: RunConfig,
+    *,
+    out_dir: Path,
+    resume: Path | None = None,
+    reporter: Reporter | None = None,
+    engine: Engine | None = None,
+    retrieve: Retriever | None = None,
+    store: ExperienceStore | None = None,
+    extractor_engine: Engine | None = None,
+) -> tuple[Metrics, TrainingLoop]:
+    """Train ``cfg``, writing checkpoints, ``metrics.jsonl`` and ``episodes.jsonl`` under ``out_dir``.
+
+    ``resume``: a checkpoint folder or a run's out dir (its latest checkpoint); the config must equal the
+    checkpoint's except ``steps``. ``store``: the run's experience bank, required by methods that use
+    experience. ``engine`` / ``extractor_engine``: reuse running engines (re-synced first); by default they
+    are built from the config and closed at the end. ``retrieve``: a retriever for plain loops (tests).
+    Returns the last metrics and the loop (its ``last_checkpoint``, ``model`` ...).
+    """
+    out_dir = Path(out_dir)
+    if cfg.uses_experience and store is None:
+        raise ConfigError(
+            f"method {cfg.method!r} uses the experience bank, which needs the database: pass an experience "
+            "store (manage.py train makes one)"
+        )
+    make_mixture(cfg.env)  # an unknown env fails before anything loads
+    state = read_resume_point(cfg, resume)
+    tokenizer, model, actor = prepare_actor(cfg, out_dir, state)
+    with ExitStack() as owned:
+        if engine is None:
+            engine = build_engine(cfg)
+            owned.callback(engine.close)
+        sync_if_stale(actor, engine, state)
+        common = dict(
+            engine=engine,
+            model=model,
+            tokenizer=tokenizer,
+            out_dir=out_dir,
+            reporter=reporter or file_reporters(out_dir, ConsoleReporter()),
+            actor=actor,
+            start_step=state.step + 1 if state else 1,
+        )
+        if not cfg.uses_experience:
+            loop = TrainingLoop(cfg, retrieve=retrieve, **common)
+            return loop.run(), loop
+        if extractor_engine is None:
+            extractor_engine = build_extractor_engine(cfg)
+            owned.callback(extractor_engine.close)
+        extractor, x_update = build_extractor(cfg, extractor_engine, state)
+        loop = CoevolutionLoop(cfg, store=store, extractor=extractor, extractor_update=x_update, **common)
+        if state is not None and (state.path / "extractor" / STATE_FILE).exists():
+            loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))
+        return loop.run(), loop

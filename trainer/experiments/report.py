@@ -1,0 +1,847 @@
+"""An experiment's report from its result files alone (no database): report.md, PNG plots, summary.csv.
+
+    python -m trainer.experiments.report docs/experiments/room-random     # or: manage.py experiment report
+
+Reads ``<folder>/runs/<cell>/`` as ``webapp.experiments.export_results`` writes them: ``cell.json``,
+``config.json``, ``metrics.jsonl``, ``episodes.jsonl``, ``changes.jsonl``, ``merges.jsonl``. Sections:
+
+1. eval success (with and without experience) vs step per arm: mean over seeds with a 95% t-band, each
+   run's point with its Wilson interval over its eval episodes; area under the curve; steps to 50% / 75%;
+2. the paper's Table 1 layout (per env and average, with/without experience) as mean ± 95% CI;
+3. what the experience did: guided vs free training success; per entry, success when retrieved minus the
+   free rollouts' success on the same task instances (usefulness); each merge pass's effect; the
+   similarity of what was handed out; the bank's quality by a mechanical rule (``entry_quality``);
+4. what the extractor did: CISPO steps, buffer fill, mean |advantage|, clip fraction, job counts, failures;
+5. cost: wall time per phase, the extractor's generated tokens and training seconds beside the actor's.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.config import METHODS
+from trainer.experiments.files import read_lines
+from trainer.experiments.stats import Interval, area_under_curve, steps_to_reach, t_interval, wilson_interval
+
+WITH = "with_exp/"
+COLUMNS = (("", "without experience"), (WITH, "with experience"))
+
+
+@dataclass
+class RunResult:
+    """One cell's result files, read back."""
+
+    slug: str
+    arm: str
+    seed: int
+    method: str
+    config: dict[str, Any]
+    train: dict[int, dict[str, float]]
+    evals: dict[int, dict[str, float]]
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    merges: list[dict[str, Any]] = field(default_factory=list)
+    status: str = ""
+
+    @property
+    def uses_experience(self) -> bool:
+        return self.method != "grpo"
+
+    @property
+    def warmup(self) -> int:
+        return int(self.config.get("experience", {}).get("warmup_steps", 0))
+
+    def eval_series(self, key: str) -> tuple[list[int], list[float]]:
+        steps = [s for s in sorted(self.evals) if key in self.evals[s]]
+        return steps, [self.evals[s][key] for s in steps]
+
+    def train_series(self, key: str) -> tuple[list[int], list[float]]:
+        steps = [s for s in sorted(self.train) if key in self.train[s]]
+        return steps, [self.train[s][key] for s in steps]
+
+    def last_train(self, key: str, default: float = 0.0) -> float:
+        _, values = self.train_series(key)
+        return values[-1] if values else default
+
+
+def load_results(folder: Path) -> list[RunResult]:
+    """Every cell under ``folder/runs``, ordered by method (as in ``METHODS``), arm, then seed."""
+    runs = []
+    for d in sorted(p for p in (Path(folder) / "runs").iterdir() if p.is_dir()):
+        cell = json.loads((d / "cell.json").read_text()) if (d / "cell.json").exists() else {}
+        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+        train, evals = {}, {}
+        for row in read_lines(d / "metrics.jsonl"):
+            (evals if row.get("kind") == "eval" else train)[int(row["step"])] = row  # last attempt wins
+        arm, _, seed = (cell.get("cell") or d.name.replace("-s", "/s")).rpartition("/s")
+        method = cell.get("method") or config.get("method", arm)
+        runs.append(
+            RunResult(
+                d.name,
+                arm,
+                int(seed or 0),
+                method,
+                config,
+                train,
+                evals,
+                read_lines(d / "episodes.jsonl"),
+                read_lines(d / "changes.jsonl"),
+                read_lines(d / "merges.jsonl"),
+                cell.get("status", ""),
+            )
+        )
+    order = {m: i for i, m in enumerate(METHODS)}
+    return sorted(runs, key=lambda r: (order.get(r.method, 99), r.arm, r.seed))
+
+
+def by_arm(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
+    out: dict[str, list[RunResult]] = {}
+    for r in runs:
+        out.setdefault(r.arm, []).append(r)
+    return out
+
+
+def env_names(runs: Sequence[RunResult]) -> list[str]:
+    """Per-env eval keys (mixtures report ``eval/<env>/success``); empty for a single env."""
+    names = set()
+    for r in runs:
+        for row in r.evals.values():
+            for k in row:
+                m = re.fullmatch(r"eval/(?:with_exp/)?([^/]+)/success", k)
+                if m and m.group(1) != "with_exp":
+                    names.add(m.group(1))
+    return sorted(names)
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---- 1. eval curves ---------------------------------------------------------------------------------
+
+
+def curve(runs: Sequence[RunResult], key: str) -> tuple[list[int], list[Interval]]:
+    """Mean over seeds with a 95% t-interval at every eval step that all runs of the arm reached."""
+    steps = sorted(set.intersection(*(set(r.eval_series(key)[0]) for r in runs))) if runs else []
+    return steps, [t_interval([r.evals[s][key] for r in runs]) for s in steps]
+
+
+def eval_section(runs: Sequence[RunResult], out: Path) -> tuple[str, list[dict[str, Any]]]:
+    arms = by_arm(runs)
+    lines = ["## 1. Evaluation success vs step", ""]
+    lines.append(
+        "Greedy episodes on the frozen eval split. Mean over seeds ± the 95% Student-t half-width "
+        "(n = seeds); AUC = area under the success curve over the run's step range (its mean success); "
+        "steps to 50% / 75% from the seed-mean curve. Per run, the Wilson 95% interval over its eval "
+        "episodes."
+    )
+    rows, summary = [], []
+    for arm, rs in arms.items():
+        for col, label in COLUMNS:
+            key = f"eval/{col}success"
+            steps, ivs = curve(rs, key)
+            if not steps:
+                continue
+            means = [iv.mean for iv in ivs]
+            aucs = t_interval([area_under_curve(*r.eval_series(key)) for r in rs])
+            rows.append(
+                [
+                    arm,
+                    label,
+                    str(ivs[-1]),
+                    str(aucs),
+                    _fmt(steps_to_reach(steps, means, 0.5), 0),
+                    _fmt(steps_to_reach(steps, means, 0.75), 0),
+                    len(rs),
+                ]
+            )
+    lines += [
+        "",
+        _table(["arm", "column", "final success", "AUC", "steps to 50%", "steps to 75%", "seeds"], rows),
+    ]
+    lines += ["", "Per run (final eval, Wilson 95% over its episodes):", ""]
+    per_run = []
+    for r in runs:
+        for col, label in COLUMNS:
+            steps, values = r.eval_series(f"eval/{col}success")
+            if not steps:
+                continue
+            n = int(r.evals[steps[-1]].get(f"eval/{col}episodes", 0))
+            w = wilson_interval(values[-1] * n, n)
+            per_run.append(
+                [
+                    r.slug,
+                    label,
+                    steps[-1],
+                    _fmt(values[-1]),
+                    f"[{_fmt(w.low)}, {_fmt(w.high)}]",
+                    n,
+                    _fmt(area_under_curve(steps, values)),
+                ]
+            )
+            summary.append(
+                {
+                    "run": r.slug,
+                    "arm": r.arm,
+                    "seed": r.seed,
+                    "column": label,
+                    "final_step": steps[-1],
+                    "final_success": values[-1],
+                    "wilson_low": w.low,
+                    "wilson_high": w.high,
+                    "episodes": n,
+                    "auc": area_under_curve(steps, values),
+                    "final_actions": r.evals[steps[-1]].get(f"eval/{col}actions"),
+                }
+            )
+    lines += [_table(["run", "column", "step", "success", "Wilson 95%", "episodes", "AUC"], per_run)]
+    _plot_eval(arms, out / "eval_success.png")
+    lines += ["", "![eval success](eval_success.png)", ""]
+    return "\n".join(lines), summary
+
+
+def _plot_eval(arms: dict[str, list[RunResult]], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (col, label) in zip(axes, COLUMNS, strict=True):
+        for arm, rs in arms.items():
+            steps, ivs = curve(rs, f"eval/{col}success")
+            if not steps:
+                continue
+            means = [iv.mean for iv in ivs]
+            (line,) = ax.plot(steps, means, marker="o", label=f"{arm} (n={len(rs)})")
+            lows = [iv.low if math.isfinite(iv.low) else iv.mean for iv in ivs]
+            highs = [iv.high if math.isfinite(iv.high) else iv.mean for iv in ivs]
+            ax.fill_between(steps, lows, highs, alpha=0.2, color=line.get_color())
+        ax.set_title(f"eval success, {label}")
+        ax.set_xlabel("actor step")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_ylabel("success (mean over seeds, 95% t-band)")
+    axes[0].legend(fontsize=8)
+    _save(fig, path)
+
+
+# ---- 2. Table 1 -------------------------------------------------------------------------------------
+
+
+def table1_section(runs: Sequence[RunResult]) -> str:
+    envs = env_names(runs)
+    keys = [(f"{e}/", e) for e in envs] + [("", "average" if envs else "success")]
+    header = ["arm"] + [
+        f"{name} ({'w/' if col else 'w/o'} exp)"
+        for name_key, name in keys
+        for col, _ in COLUMNS
+        for _ in [name_key]
+    ]
+    rows = []
+    for arm, rs in by_arm(runs).items():
+        row = [arm]
+        for name_key, _ in keys:
+            for col, _ in COLUMNS:
+                key = f"eval/{col}{name_key}success"
+                finals = [r.eval_series(key)[1][-1] for r in rs if r.eval_series(key)[1]]
+                row.append(str(t_interval(finals)) if finals else "–")
+        rows.append(row)
+    return "\n".join(
+        [
+            "## 2. Final evaluation in the paper's Table 1 layout",
+            "",
+            "Success at each run's last eval, mean ± 95% t-half-width over seeds; 'w/o exp' for the "
+            "baseline is its only column.",
+            "",
+            _table(header, rows),
+            "",
+        ]
+    )
+
+
+# ---- 3. what the experience did ---------------------------------------------------------------------
+
+
+def guided_free_section(runs: Sequence[RunResult], out: Path) -> str:
+    rs = [r for r in runs if r.uses_experience]
+    if not rs:
+        return ""
+    lines = [
+        "### Guided vs free training success",
+        "",
+        "Training rollouts of the same task instances: K/2 with the retrieved entry in the prompt (guided), "
+        "K/2 without (free). Mean over each run's steps after warm-up.",
+        "",
+    ]
+    rows = []
+    for r in rs:
+        g = [v for s, v in zip(*r.train_series("train/guided/success"), strict=True) if s > r.warmup]
+        f = [v for s, v in zip(*r.train_series("train/free/success"), strict=True) if s > r.warmup]
+        if g and f:
+            rows.append(
+                [
+                    r.slug,
+                    _fmt(sum(g) / len(g)),
+                    _fmt(sum(f) / len(f)),
+                    _fmt(sum(g) / len(g) - sum(f) / len(f)),
+                ]
+            )
+    lines.append(_table(["run", "guided", "free", "guided − free"], rows))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for arm, group in by_arm(rs).items():
+        for kind, style in (("guided", "-"), ("free", "--")):
+            steps, ivs = _train_curve(group, f"train/{kind}/success")
+            if steps:
+                ax.plot(steps, [iv.mean for iv in ivs], style, label=f"{arm} {kind}")
+    ax.set_xlabel("actor step")
+    ax.set_ylabel("training success (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _save(fig, out / "guided_free.png")
+    return "\n".join([*lines, "", "![guided vs free](guided_free.png)", ""])
+
+
+def _train_curve(runs: Sequence[RunResult], key: str) -> tuple[list[int], list[Interval]]:
+    sets = [set(r.train_series(key)[0]) for r in runs]
+    steps = sorted(set.intersection(*sets)) if sets else []
+    return steps, [t_interval([r.train[s][key] for r in runs]) for s in steps]
+
+
+def free_base_rates(episodes: Sequence[dict[str, Any]]) -> dict[tuple[int, int], float]:
+    """Success of the free rollouts of each (step, task instance)."""
+    acc: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for e in episodes:
+        if not e["guided"]:
+            acc[(e["step"], e["group"])].append(float(e["success"]))
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+def entry_usefulness(episodes: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
+    """Per entry: success − the free base rate of the same task instance, one value per guided use."""
+    base = free_base_rates(episodes)
+    out: dict[int, list[float]] = defaultdict(list)
+    for e in episodes:
+        key = (e["step"], e["group"])
+        if e["guided"] and e.get("entry_id") is not None and key in base:
+            out[e["entry_id"]].append(float(e["success"]) - base[key])
+    return out
+
+
+def entry_titles(changes: Sequence[dict[str, Any]]) -> dict[int, str]:
+    titles: dict[int, str] = {}
+    for c in changes:
+        if c.get("title"):
+            titles[c["entry"]] = c["title"]
+    return titles
+
+
+def usefulness_section(runs: Sequence[RunResult]) -> str:
+    rs = [r for r in runs if r.uses_experience and r.episodes]
+    if not rs:
+        return ""
+    lines = [
+        "### Entries: success when retrieved vs the free base rate",
+        "",
+        "usefulness = mean over an entry's guided uses of (success − success of the free rollouts of "
+        "the same task instance at the same step); > 0: the entry helped. Overall = over every guided use.",
+        "",
+    ]
+    rows, best = [], []
+    for r in rs:
+        use = entry_usefulness(r.episodes)
+        values = [v for vs in use.values() for v in vs]
+        sims = [e["similarity"] for e in r.episodes if e.get("similarity") is not None]
+        rows.append(
+            [
+                r.slug,
+                len(use),
+                len(values),
+                _fmt(sum(values) / len(values) if values else None),
+                sum(1 for vs in use.values() if sum(vs) / len(vs) > 0),
+                _fmt(sum(sims) / len(sims) if sims else None),
+            ]
+        )
+        titles = entry_titles(r.changes)
+        for entry, vs in use.items():
+            if len(vs) >= 3:
+                best.append((sum(vs) / len(vs), len(vs), r.slug, entry, titles.get(entry, "")[:70]))
+    lines.append(
+        _table(
+            [
+                "run",
+                "entries used",
+                "guided uses",
+                "overall usefulness",
+                "entries > 0",
+                "mean similarity handed out",
+            ],
+            rows,
+        )
+    )
+    best.sort(reverse=True)
+    if best:
+        lines += ["", "Most and least useful entries with at least 3 uses:", ""]
+        shown = best[:8] + [b for b in best[-4:] if b not in best[:8]]
+        lines.append(
+            _table(
+                ["usefulness", "uses", "run", "entry", "title"],
+                [[_fmt(u), n, s, e, _escape(t)] for u, n, s, e, t in shown],
+            )
+        )
+    return "\n".join([*lines, ""])
+
+
+def merge_effects(run: RunResult, window: int = 5) -> list[dict[str, Any]]:
+    """Per merge pass (step): usefulness of the entries it changed over the ``window`` steps before it vs
+    that of the entries it produced over the ``window`` steps after it."""
+    base = free_base_rates(run.episodes)
+
+    def usefulness(ids: set[int], lo: int, hi: int) -> tuple[float | None, int]:
+        vals = [
+            float(e["success"]) - base[(e["step"], e["group"])]
+            for e in run.episodes
+            if e["guided"]
+            and e.get("entry_id") in ids
+            and lo < e["step"] <= hi
+            and (e["step"], e["group"]) in base
+        ]
+        return (sum(vals) / len(vals) if vals else None), len(vals)
+
+    by_step: dict[int, dict[str, set]] = defaultdict(lambda: {"in": set(), "out": set()})
+    for m in run.merges:
+        if m["decision"] == "changed":
+            by_step[m["step"]]["in"] |= set(m["inputs"])
+            by_step[m["step"]]["out"] |= set(m["outputs"])
+    out = []
+    for step, ids in sorted(by_step.items()):
+        before, n_before = usefulness(ids["in"], step - window, step)
+        after, n_after = usefulness(ids["out"], step, step + window)
+        out.append(
+            {
+                "step": step,
+                "inputs": len(ids["in"]),
+                "outputs": len(ids["out"]),
+                "before": before,
+                "uses_before": n_before,
+                "after": after,
+                "uses_after": n_after,
+            }
+        )
+    return out
+
+
+def merge_section(runs: Sequence[RunResult]) -> str:
+    rows = []
+    for r in runs:
+        if not r.merges:
+            continue
+        decisions = defaultdict(int)
+        for m in r.merges:
+            decisions[m["decision"]] += 1
+        for e in merge_effects(r):
+            rows.append(
+                [
+                    r.slug,
+                    e["step"],
+                    e["inputs"],
+                    e["outputs"],
+                    f"{_fmt(e['before'])} ({e['uses_before']})",
+                    f"{_fmt(e['after'])} ({e['uses_after']})",
+                ]
+            )
+        if not any(row[0] == r.slug for row in rows):
+            rows.append(
+                [
+                    r.slug,
+                    "–",
+                    0,
+                    0,
+                    "no merge changed anything: " + ", ".join(f"{k} {v}" for k, v in decisions.items()),
+                    "",
+                ]
+            )
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            "### Merge passes",
+            "",
+            "Each pass that changed the bank: usefulness (guided uses) of the entries it took in, over the 5 "
+            "steps before it, vs of the entries it wrote, over the 5 steps after it.",
+            "",
+            _table(
+                [
+                    "run",
+                    "step",
+                    "entries in",
+                    "entries out",
+                    "usefulness before (uses)",
+                    "usefulness after (uses)",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    )
+
+
+# ---- bank quality -----------------------------------------------------------------------------------
+
+ACTION_WORDS = re.compile(
+    r"\b(north|south|east|west|northeast|northwest|southeast|southwest|move|go|walk|step|take|open|close|"
+    r"put|heat|cool|clean|examine|use|search|click|buy|pick up|apply|push|unlock|toggle)\b",
+    re.IGNORECASE,
+)
+OBJECT_WORDS = re.compile(
+    r"(>|<|@|\b(staircase|stairs?|door|key|wall|trap|monster|legend|map|room|corridor|box|target|"
+    r"fridge|microwave|sink|drawer|cabinet|countertop|product|price|option|test|function)s?\b)",
+    re.IGNORECASE,
+)
+
+
+def _tokens(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9<>@]+", text.lower()))
+
+
+def entry_quality(title: str, content: str, earlier: Sequence[set[str]]) -> dict[str, bool]:
+    """The mechanical rule: the entry names an action, names a symbol or object of the env, and is not a
+    duplicate (token Jaccard ≥ 0.8 with an entry already in the bank). ``good`` = (action or object) and
+    not a duplicate."""
+    text = f"{title}\n{content}"
+    tokens = _tokens(text)
+    action = bool(ACTION_WORDS.search(text))
+    obj = bool(OBJECT_WORDS.search(text))
+    dup = any(tokens and len(tokens & t) / len(tokens | t) >= 0.8 for t in earlier)
+    return {"action": action, "object": obj, "duplicate": dup, "good": (action or obj) and not dup}
+
+
+def bank_over_steps(changes: Sequence[dict[str, Any]]) -> dict[int, dict[int, tuple[str, str]]]:
+    """The live bank (entry → (title, content)) after each step that changed it, replayed from its history."""
+    state: dict[int, tuple[str, str, bool]] = {}
+    out: dict[int, dict[int, tuple[str, str]]] = {}
+    for c in sorted(changes, key=lambda c: (c["step"], c["id"])):
+        title = c.get("title") or state.get(c["entry"], ("", "", False))[0]
+        content = c.get("content") or state.get(c["entry"], ("", "", False))[1]
+        state[c["entry"]] = (title, content, not c.get("deleted"))
+        out[c["step"]] = {e: (t, b) for e, (t, b, live) in state.items() if live}
+    return out
+
+
+def bank_quality(changes: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per step: live entries and the fractions that name an action / an object, are duplicates, are good."""
+    rows = []
+    for step, bank in sorted(bank_over_steps(changes).items()):
+        seen: list[set[str]] = []
+        marks = []
+        for _entry, (title, content) in sorted(bank.items()):
+            marks.append(entry_quality(title, content, seen))
+            seen.append(_tokens(f"{title}\n{content}"))
+        n = max(len(marks), 1)
+        rows.append(
+            {
+                "step": step,
+                "entries": len(marks),
+                **{k: sum(m[k] for m in marks) / n for k in ("action", "object", "duplicate", "good")},
+            }
+        )
+    return rows
+
+
+def quality_section(runs: Sequence[RunResult], out: Path) -> str:
+    rs = [r for r in runs if r.changes]
+    if not rs:
+        return ""
+    lines = [
+        "### Bank quality (mechanical rule)",
+        "",
+        "An entry is *good* if it names an action or a symbol/object of the environment (word lists in "
+        "`trainer/experiments/report.py`) and is not a duplicate (token Jaccard ≥ 0.8 with an entry "
+        "already in the bank). Share of good entries in the live bank at the run's last change:",
+        "",
+    ]
+    rows = []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for r in rs:
+        q = bank_quality(r.changes)
+        if not q:
+            continue
+        last = q[-1]
+        rows.append(
+            [
+                r.slug,
+                last["step"],
+                last["entries"],
+                _fmt(last["action"]),
+                _fmt(last["object"]),
+                _fmt(last["duplicate"]),
+                _fmt(last["good"]),
+            ]
+        )
+        ax.plot([x["step"] for x in q], [x["good"] for x in q], marker=".", label=r.slug)
+    lines.append(
+        _table(["run", "step", "entries", "names an action", "names an object", "duplicates", "good"], rows)
+    )
+    ax.set_xlabel("actor step")
+    ax.set_ylabel("share of good entries")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, out / "bank_quality.png")
+    return "\n".join([*lines, "", "![bank quality](bank_quality.png)", ""])
+
+
+# ---- 4. the extractor ---------------------------------------------------------------------------------
+
+
+def extractor_rows(r: RunResult) -> dict[str, Any]:
+    updates = r.last_train("extractor/updates")
+    signal = r.last_train("extractor/updates_with_signal")
+    after = max(max(r.train, default=0) - r.warmup, 0)
+    return {
+        "run": r.slug,
+        "cispo_steps": updates,
+        "with_signal": signal,
+        "signal_per_actor_step": signal / after if after else math.nan,
+        "mean_adv_abs": r.last_train("extractor/adv_abs_sum") / updates if updates else math.nan,
+        "mean_clip_frac": r.last_train("extractor/clip_frac_sum") / updates if updates else math.nan,
+        "distil": r.last_train("extractor/distil_calls"),
+        "merge": r.last_train("extractor/merge_calls"),
+        "refine": r.last_train("extractor/refine_calls"),
+        "parse_failures": r.last_train("extractor/parse_failures"),
+        "ops_add": r.last_train("extractor/ops_add"),
+        "ops_update": r.last_train("extractor/ops_update"),
+        "ops_return": r.last_train("extractor/ops_return"),
+        "search_and_ask": r.last_train("experience/search_and_ask"),
+    }
+
+
+def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
+    rs = [r for r in runs if r.uses_experience]
+    if not rs:
+        return ""
+    rows = [extractor_rows(r) for r in rs]
+    lines = [
+        "## 4. What the extractor did",
+        "",
+        "CISPO steps taken, and those with non-zero advantages; per actor step after warm-up (target ≥ 0.5); "
+        "mean |Â| and clip fraction over its steps; calls of each job, parse failures, operations, "
+        "Search-and-Ask exchanges. Buffer fill per step: `extractor/buffer` in the metrics (plotted).",
+        "",
+    ]
+    lines.append(
+        _table(
+            [
+                "run",
+                "CISPO steps",
+                "with signal",
+                "per actor step",
+                "mean abs adv",
+                "clip frac",
+                "distil",
+                "merge",
+                "refine",
+                "parse failures",
+                "add",
+                "update",
+                "return",
+                "search&ask",
+            ],
+            [
+                [
+                    x["run"],
+                    _fmt(x["cispo_steps"], 0),
+                    _fmt(x["with_signal"], 0),
+                    _fmt(x["signal_per_actor_step"], 2),
+                    _fmt(x["mean_adv_abs"]),
+                    _fmt(x["mean_clip_frac"]),
+                    _fmt(x["distil"], 0),
+                    _fmt(x["merge"], 0),
+                    _fmt(x["refine"], 0),
+                    _fmt(x["parse_failures"], 0),
+                    _fmt(x["ops_add"], 0),
+                    _fmt(x["ops_update"], 0),
+                    _fmt(x["ops_return"], 0),
+                    _fmt(x["search_and_ask"], 0),
+                ]
+                for x in rows
+            ],
+        )
+    )
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+    for r in rs:
+        axes[0].plot(*r.train_series("extractor/buffer"), marker=".", label=r.slug)
+        axes[1].plot(*r.train_series("extractor/updates_with_signal"), marker=".", label=r.slug)
+    axes[0].set_title("buffer fill (generations waiting)")
+    axes[1].set_title("CISPO steps with signal (cumulative)")
+    for ax in axes:
+        ax.set_xlabel("actor step")
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[1].legend(fontsize=7)
+    _save(fig, out / "extractor.png")
+    return "\n".join([*lines, "", "![extractor](extractor.png)", ""])
+
+
+# ---- 5. cost ------------------------------------------------------------------------------------------
+
+PHASES = (
+    ("rollout", "time/rollout_s", "sum"),
+    ("actor backward", "time/backward_s", "sum"),
+    ("old log-prob recompute", "time/recompute_s", "sum"),
+    ("weight sync", "time/sync_s", "sum"),
+    ("retrieval", "experience/retrieve_s", "last"),
+    ("extractor distil", "extractor/distil_s", "last"),
+    ("extractor merge", "extractor/merge_s", "last"),
+    ("extractor training", "extractor/update_s", "last"),
+)
+
+
+def cost_row(r: RunResult) -> dict[str, float]:
+    row = {
+        "steps": float(len(r.train)),
+        "step time": sum(r.train_series("time/step_s")[1]),
+        "evaluation": sum(r.eval_series("eval/time_s")[1]),
+    }
+    for name, key, how in PHASES:
+        values = r.train_series(key)[1]
+        row[name] = (sum(values) if how == "sum" else (values[-1] if values else 0.0)) if values else 0.0
+    row["actor tokens"] = sum(r.train_series("rollout/generated_tokens")[1])
+    row["extractor tokens"] = sum(
+        r.last_train(f"extractor/{job}_tokens") for job in ("distil", "merge", "refine")
+    )
+    return row
+
+
+def cost_section(runs: Sequence[RunResult]) -> tuple[str, list[dict[str, Any]]]:
+    cols = ["step time", "evaluation"] + [p[0] for p in PHASES] + ["actor tokens", "extractor tokens"]
+    rows, summary = [], []
+    for arm, rs in by_arm(runs).items():
+        costs = [cost_row(r) for r in rs]
+        rows.append([arm, len(rs)] + [_fmt(sum(c[k] for c in costs) / len(costs), 0) for k in cols])
+        summary += [{"run": r.slug, **c} for r, c in zip(rs, costs, strict=True)]
+    lines = [
+        "## 5. Cost",
+        "",
+        "Per run, mean over seeds: seconds summed over the run (the extractor's phases run on a background "
+        "thread beside the actor's, on the same cores) and generated tokens. The paper reports no extractor "
+        "cost.",
+        "",
+        _table(["arm", "seeds"] + cols, rows),
+        "",
+    ]
+    return "\n".join(lines), summary
+
+
+# ---- assembly -----------------------------------------------------------------------------------------
+
+
+def build_report(folder: Path, out_dir: Path | None = None) -> Path:
+    """Write ``report.md``, the plots and ``summary.csv`` into ``out_dir`` [folder/report]; returns it."""
+    folder = Path(folder)
+    out = Path(out_dir) if out_dir else folder / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_results(folder)
+    if not runs:
+        raise ValueError(f"no runs under {folder / 'runs'}")
+    eval_md, eval_rows = eval_section(runs, out)
+    cost_md, cost_rows = cost_section(runs)
+    experience = [
+        guided_free_section(runs, out),
+        usefulness_section(runs),
+        merge_section(runs),
+        quality_section(runs, out),
+    ]
+    parts = [
+        f"# Experiment {folder.name}",
+        "",
+        f"Built from the result files in `{folder.name}/runs/` by `trainer.experiments.report`. "
+        f"{len(runs)} runs; arms: {', '.join(f'{a} ({len(rs)} seeds)' for a, rs in by_arm(runs).items())}.",
+        "",
+        _table(
+            ["run", "method", "status", "train steps", "eval steps"],
+            [
+                [
+                    r.slug,
+                    r.method,
+                    r.status or "?",
+                    max(r.train, default=0),
+                    ", ".join(map(str, sorted(r.evals))),
+                ]
+                for r in runs
+            ],
+        ),
+        "",
+        eval_md,
+        table1_section(runs),
+        "## 3. What the experience did",
+        "",
+        *([p for p in experience if p] or ["No run used experience."]),
+        extractor_section(runs, out),
+        cost_md,
+    ]
+    (out / "report.md").write_text("\n".join(parts), encoding="utf-8")
+    _write_summary(out / "summary.csv", eval_rows, cost_rows)
+    return out
+
+
+def _write_summary(path: Path, eval_rows: list[dict[str, Any]], cost_rows: list[dict[str, Any]]) -> None:
+    costs = {c["run"]: c for c in cost_rows}
+    rows = [
+        {**e, **{f"cost:{k}": v for k, v in costs.get(e["run"], {}).items() if k != "run"}} for e in eval_rows
+    ]
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m trainer.experiments.report docs/experiments/<name>", file=sys.stderr)
+        return 2
+    print(f"report: {build_report(Path(args[0])) / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Intervals for experiment reports: Student-t over seeds, Wilson over one run's eval episodes.
+
+Every function takes plain numbers and returns plain floats, so a report can be rebuilt from committed
+metrics files; ``tests/trainer/test_experiments.py`` checks them against ``scipy.stats`` itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def __str__(self) -> str:
+        if self.n < 2 or not math.isfinite(self.half_width):
+            return f"{self.mean:.3f} (n={self.n})"
+        return f"{self.mean:.3f} ± {self.half_width:.3f}"
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Mean of ``values`` (one per seed) with its two-sided Student-t interval; a single value has none
+    (low = high = nan)."""
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = sum(values) / n
+    if n < 2:
+        return Interval(mean, math.nan, math.nan, n)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> Interval:
+    """The Wilson score interval of a success rate from ``n`` Bernoulli trials (one run's eval episodes)."""
+    if n <= 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), n)
+
+
+def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
+    """Trapezoid area under a curve divided by its step range: the mean value over the run (a single point:
+    that value)."""
+    if not steps:
+        return math.nan
+    if len(steps) == 1 or steps[-1] == steps[0]:
+        return float(values[0])
+    area = sum(
+        (s1 - s0) * (v0 + v1) / 2
+        for s0, s1, v0, v1 in zip(steps, steps[1:], values, values[1:], strict=False)
+    )
+    return area / (steps[-1] - steps[0])
+
+
+def steps_to_reach(steps: Sequence[float], values: Sequence[float], threshold: float) -> float | None:
+    """The first step whose value is at least ``threshold`` (None: never reached)."""
+    for s, v in zip(steps, values, strict=True):
+        if v >= threshold:
+            return s
+    return None

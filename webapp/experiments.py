@@ -1,0 +1,266 @@
+"""Experiments in the database: a grid's runs, how each cell is run or resumed, and its result files.
+
+An ``Experiment`` row mirrors an experiment file (``trainer.experiments.spec``); each cell of its grid is one
+``Run`` (``run.experiment``, ``run.cell``), trained in its own folder ``var/experiments/<name>/<cell>/`` so a
+grid can be carried across machine restarts: running it again skips finished cells, resumes unfinished
+ones from their last checkpoint and restarts those that have none.
+
+When a cell finishes (on a worker or in the foreground) its small result files are copied to
+``docs/experiments/<name>/runs/<cell>/`` (``results_dir``): the run's config, ``metrics.jsonl`` and
+``episodes.jsonl`` (each step once, the last attempt's), and the bank's history from the database
+(``changes.jsonl``, ``merges.jsonl``). Reports are built from those files alone
+(``trainer.experiments.report``), so they can be committed and rebuilt without the database.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from trainer.experiments.files import last_attempt, read_lines, write_lines
+from trainer.experiments.spec import Cell, ExperimentSpec
+from trainer.paths import var_dir
+from webapp.models import Experiment, Run
+
+
+def results_root() -> Path:
+    """Where experiments' result files and reports go (``docs/experiments`` in the checkout)."""
+    return Path(getattr(settings, "EXPERIMENT_RESULTS_DIR", settings.BASE_DIR / "docs" / "experiments"))
+
+
+def results_dir(name: str) -> Path:
+    return results_root() / name
+
+
+def cell_dir(name: str, cell: Cell) -> Path:
+    """The training folder of a cell: checkpoints, logs and metrics while it runs."""
+    return var_dir() / "experiments" / name / cell.slug
+
+
+@dataclass
+class CellState:
+    cell: Cell
+    run: Run | None
+
+    @property
+    def status(self) -> str:
+        return self.run.display_status if self.run else "not started"
+
+    @property
+    def done(self) -> bool:
+        return self.run is not None and self.run.status == Run.Status.SUCCEEDED
+
+
+def experiment_sync(spec: ExperimentSpec, owner) -> Experiment:
+    """The experiment's row, created or brought up to date with its file."""
+    experiment, _ = Experiment.objects.update_or_create(
+        name=spec.name,
+        defaults={
+            "description": spec.description,
+            "spec": spec.to_dict(),
+            "source": str(spec.source or ""),
+        },
+        create_defaults={"owner": owner, "description": spec.description, "spec": spec.to_dict(),
+                         "source": str(spec.source or "")},
+    )  # fmt: skip
+    return experiment
+
+
+def experiment_cells(experiment: Experiment, spec: ExperimentSpec) -> list[CellState]:
+    """Every cell of the grid with its run (None: not started yet)."""
+    runs = {r.cell: r for r in experiment.runs.all()}
+    return [CellState(c, runs.get(c.key)) for c in spec.cells()]
+
+
+def cell_run(experiment: Experiment, cell: Cell, owner) -> Run:
+    """The run of ``cell``: its own, a run started by hand in the cell's folder (adopted), or a new one."""
+    run = experiment.runs.filter(cell=cell.key).first()
+    if run is not None:
+        return run
+    folder = str(cell_dir(experiment.name, cell))
+    with transaction.atomic():
+        run = (
+            Run.objects.filter(checkpoint_dir=folder, experiment__isnull=True).order_by("-created_at").first()
+        )
+        if run is not None:
+            Run.objects.filter(pk=run.pk).update(experiment=experiment, cell=cell.key)
+            run.refresh_from_db()
+            return run
+        run = Run.objects.create(
+            name=f"{experiment.name} {cell.key}",
+            owner=owner,
+            shared=experiment.shared,
+            tags=[experiment.name, cell.arm],
+            method=cell.config.method,
+            env=cell.config.env,
+            seed=cell.seed,
+            config=cell.config.to_dict(),
+            checkpoint_dir=folder,
+            experiment=experiment,
+            cell=cell.key,
+        )
+    if cell.bank is not None:
+        seed_bank(run, cell.bank)
+    return run
+
+
+def seed_bank(run: Run, path: Path) -> int:
+    """Load a variant's starting bank (the bank's JSONL export format) into a new cell's run."""
+    from experience.models import Experience
+    from experience.services import experience_import
+
+    if Experience.objects.filter(run=run).exists():
+        return 0
+    with path.open(encoding="utf-8") as lines:
+        return experience_import(run, lines)
+
+
+def cell_requeue(run: Run) -> bool:
+    """Make an unfinished cell's run claimable again (failed, cancelled or lost); False if it is live."""
+    if run.status == Run.Status.SUCCEEDED:
+        return False
+    if run.status == Run.Status.RUNNING and not run.is_lost:
+        return False
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.QUEUED, cancel_requested=False, error="", finished_at=None, heartbeat_at=None
+    )
+    run.refresh_from_db()
+    return True
+
+
+def experiment_run(
+    spec: ExperimentSpec,
+    owner,
+    *,
+    here: bool = False,
+    only: Iterable[str] = (),
+    say: Callable[[str], None] = print,
+) -> Experiment:
+    """Queue (or, ``here``, train one after another in this process) every unfinished cell of ``spec``.
+
+    ``only``: cell keys or arm names to limit the grid to. Finished cells are skipped (their result files
+    are refreshed); a live cell is left to its worker.
+    """
+    from webapp.services import _enqueue
+
+    experiment = experiment_sync(spec, owner)
+    wanted = set(only)
+    for cell in spec.cells():
+        if wanted and cell.key not in wanted and cell.arm not in wanted:
+            continue
+        run = cell_run(experiment, cell, owner)
+        if run.status == Run.Status.SUCCEEDED:
+            export_results(run)
+            say(f"{cell.key}: done (run {run.pk})")
+            continue
+        was = run.display_status
+        if not cell_requeue(run) and run.status != Run.Status.QUEUED:
+            say(f"{cell.key}: {run.display_status} on {run.worker or 'a worker'} (run {run.pk})")
+            continue
+        resumes = any(Path(run.checkpoint_dir).glob("checkpoints/step-*[0-9]"))
+        how = "resuming from its last checkpoint" if resumes else "from the start"
+        if here:
+            say(f"{cell.key}: {was} -> training here, {how} (run {run.pk})")
+            status = train_cell_here(run)
+            say(f"{cell.key}: {status}")
+        else:
+            _enqueue(run.pk)
+            say(f"{cell.key}: {was} -> queued, {how} (run {run.pk})")
+    return experiment
+
+
+def train_cell_here(run: Run) -> str:
+    """Train a queued cell's run in this process, as a worker would."""
+    import socket
+
+    from webapp.tasks import failure_message
+    from webapp.training import run_training
+
+    if not run.claim(worker=f"experiment@{socket.gethostname()}"):
+        return f"not claimed: {run.display_status}"
+    try:
+        return run_training(run)
+    except Exception as exc:
+        run.mark_failed(failure_message(exc))
+        return f"failed: {type(exc).__name__}: {exc}"
+
+
+# ---- result files ---------------------------------------------------------------------------------
+
+
+def export_results(run: Run) -> Path | None:
+    """Copy a finished cell's small result files to ``docs/experiments/<name>/runs/<cell>/``."""
+    if run.experiment_id is None or not run.checkpoint_dir:
+        return None
+    experiment = Experiment.objects.get(pk=run.experiment_id)
+    src = Path(run.checkpoint_dir)
+    dest = results_dir(experiment.name) / "runs" / run.cell.replace("/", "-")
+    dest.mkdir(parents=True, exist_ok=True)
+    if (src / "config.json").exists():
+        shutil.copyfile(src / "config.json", dest / "config.json")
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        if (src / name).exists():
+            write_lines(dest / name, last_attempt(read_lines(src / name)))
+    write_lines(dest / "changes.jsonl", bank_changes(run))
+    write_lines(dest / "merges.jsonl", bank_merges(run))
+    (dest / "cell.json").write_text(json.dumps(cell_record(run), indent=1))
+    return dest
+
+
+def cell_record(run: Run) -> dict:
+    return {
+        "experiment": run.experiment.name if run.experiment else "",
+        "cell": run.cell,
+        "run": run.pk,
+        "uid": str(run.uid),
+        "status": run.status,
+        "method": run.method,
+        "env": run.env,
+        "seed": run.seed,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "environment": run.environment,
+    }
+
+
+def bank_changes(run: Run) -> Iterable[dict]:
+    from experience.models import ExperienceChange
+
+    changes = ExperienceChange.objects.filter(run=run).order_by("id")
+    for c in changes.iterator(chunk_size=500):
+        after = c.after or {}
+        yield {
+            "id": c.pk,
+            "entry": c.experience_id,
+            "kind": c.kind,
+            "actor": c.actor,
+            "step": c.step,
+            "merge": c.merge_id,
+            "title": after.get("title", ""),
+            "content": after.get("content", ""),
+            "scope": after.get("scope", ""),
+            "deleted": bool(after.get("deleted")),
+            "generation_version": (after.get("generation") or {}).get("generation_weight_version"),
+        }
+
+
+def bank_merges(run: Run) -> Iterable[dict]:
+    from experience.models import Merge
+
+    for m in Merge.objects.filter(run=run).order_by("id").iterator(chunk_size=200):
+        yield {
+            "id": m.pk,
+            "scope": m.scope,
+            "step": m.step,
+            "chunk": m.chunk,
+            "decision": m.decision,
+            "inputs": [i.get("id") for i in m.inputs if isinstance(i, dict)],
+            "outputs": list(m.outputs),
+            "actions": m.actions,
+        }

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from trainer.config import ConfigError
+from trainer.experiments.spec import ExperimentSpec
+
+
+class Command(BaseCommand):
+    help = (
+        "Experiments (configs/experiments/*.toml): 'run FILE' queues every unfinished cell of the grid on "
+        "the training queue (--here: trains them one after another in this process); running it again skips "
+        "finished cells and resumes unfinished ones. 'status FILE' shows the grid. 'report NAME' writes "
+        "report.md, plots and summary.csv from the committed result files (docs/experiments/NAME/)."
+    )
+
+    def add_arguments(self, parser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        run = sub.add_parser("run", help="queue (or --here: train) every unfinished cell")
+        run.add_argument("file", type=Path)
+        run.add_argument("--here", action="store_true", help="train in this process, one cell after another")
+        run.add_argument("--only", action="append", default=[], help="a cell (grpo/s0) or an arm; repeatable")
+        run.add_argument("--owner", default=os.environ.get("STUDIO_ADMIN_USER", "admin"))
+        status = sub.add_parser("status", help="each cell's run and state")
+        status.add_argument("file", type=Path)
+        report = sub.add_parser("report", help="build the report from the result files")
+        report.add_argument("name", help="the experiment's name (its folder under docs/experiments/)")
+        report.add_argument("--out", type=Path, help="report folder [docs/experiments/NAME/report]")
+
+    def handle(self, *args, **options) -> None:
+        self.stdout.ending = "\n"
+        try:
+            getattr(self, f"_{options['action']}")(options)
+        except ConfigError as err:
+            raise CommandError(str(err)) from err
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
+
+    def _run(self, options) -> None:
+        from webapp.experiments import experiment_run
+
+        spec = ExperimentSpec.from_file(options["file"])
+        owner = get_user_model().objects.filter(username=options["owner"]).first()
+        if owner is None:
+            raise CommandError(
+                f"no user {options['owner']!r} to own the runs: pass --owner, or run ensure_admin"
+            )
+        experiment_run(spec, owner, here=options["here"], only=options["only"], say=self._say)
+
+    def _status(self, options) -> None:
+        from webapp.experiments import experiment_cells
+        from webapp.models import Experiment
+
+        spec = ExperimentSpec.from_file(options["file"])
+        experiment = Experiment.objects.filter(name=spec.name).first()
+        if experiment is None:
+            raise CommandError(
+                f"experiment {spec.name!r} has not been run yet: experiment run {options['file']}"
+            )
+        for state in experiment_cells(experiment, spec):
+            run = state.run
+            where = f"run {run.pk}, step {run.step}/{state.cell.config.steps}" if run else ""
+            self._say(f"{state.cell.key:32} {state.status:12} {where}")
+
+    def _report(self, options) -> None:
+        from trainer.experiments.report import build_report
+
+        from webapp.experiments import results_dir
+
+        folder = results_dir(options["name"])
+        if not (folder / "runs").is_dir():
+            raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
+        out = build_report(folder, out_dir=options["out"])
+        self._say(f"report: {out / 'report.md'}")
