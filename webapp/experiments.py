@@ -72,6 +72,23 @@ def experiment_sync(spec: ExperimentSpec, owner) -> Experiment:
     return experiment
 
 
+def experiment_grid(experiment: Experiment, user) -> list[dict]:
+    """The page's grid from the stored spec: one row per arm, one cell per seed, each with its run if this
+    user may see it (a hidden run shows as its state only)."""
+    spec = experiment.spec
+    arms = list(spec.get("methods", [])) + [v["name"] for v in spec.get("variants", [])]
+    runs = {r.cell: r for r in experiment.runs.all()}
+    visible = set(Run.objects.visible_to(user).filter(experiment=experiment).values_list("pk", flat=True))
+    rows = []
+    for arm in arms:
+        cells = []
+        for seed in spec.get("seeds", []):
+            run = runs.get(f"{arm}/s{seed}")
+            cells.append({"seed": seed, "run": run, "visible": run is not None and run.pk in visible})
+        rows.append({"arm": arm, "cells": cells})
+    return rows
+
+
 def experiment_cells(experiment: Experiment, spec: ExperimentSpec) -> list[CellState]:
     """Every cell of the grid with its run (None: not started yet)."""
     runs = {r.cell: r for r in experiment.runs.all()}

@@ -10,13 +10,13 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import F, FloatField, OuterRef, Q, Subquery
+from django.db.models import Count, F, FloatField, OuterRef, Q, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, NullIf
 from django.shortcuts import get_object_or_404
 
 from webapp import charts
-from webapp.models import EpisodeRecord, MetricRow, Run, RunQuerySet
+from webapp.models import EpisodeRecord, Experiment, MetricRow, Run, RunQuerySet
 
 RUN_SORTS = {
     "created": "-created_at",
@@ -60,6 +60,22 @@ def run_list(user, *, filters: dict[str, Any] | None = None, sort: str = "create
 
 def run_visible(user, run_id: int) -> bool:
     return user.is_authenticated and Run.objects.visible_to(user).filter(pk=run_id).exists()
+
+
+def experiment_list(user):
+    """Experiments this user may see (their own, shared ones, or all for staff), with cell counts."""
+    qs = (
+        Experiment.objects.all()
+        if user.is_staff
+        else Experiment.objects.filter(Q(owner=user) | Q(shared=True))
+    )
+    done = Count("runs", filter=Q(runs__status=Run.Status.SUCCEEDED))
+    return qs.select_related("owner").annotate(cells=Count("runs"), done=done)
+
+
+def experiment_get(user, name: str):
+    """The experiment if this user may see it, else 404."""
+    return get_object_or_404(experiment_list(user), name=name)
 
 
 def run_get(user, run_id: int) -> Run:

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from webapp import views, views_bank, views_compare, views_inspect, views_runs
+from webapp import views, views_bank, views_compare, views_experiments, views_inspect, views_runs
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -28,6 +28,13 @@ urlpatterns = [
     path("runs/<int:run_id>/bank/export/", views_bank.bank_export, name="bank_export"),
     path("runs/<int:run_id>/bank/import/", views_bank.bank_import, name="bank_import"),
     path("compare/", views_compare.compare, name="compare"),
+    path("experiments/", views_experiments.experiments, name="experiments"),
+    path("experiments/<slug:name>/", views_experiments.experiment_detail, name="experiment_detail"),
+    path(
+        "experiments/<slug:name>/report/<str:filename>",
+        views_experiments.experiment_report_file,
+        name="experiment_report_file",
+    ),
     path("compare/csv/", views_compare.compare_csv, name="compare_csv"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

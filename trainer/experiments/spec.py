@@ -47,7 +47,9 @@ BUDGET_KEYS = (
     "rollout.max_new_tokens",
 )
 """Keys a budget may set; any other knob belongs to the base config (it is the same for every cell then)."""
-NAME = re.compile(r"^[a-z0-9][a-z0-9_.+-]{0,79}$")
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}$")
+"""An experiment's name: a URL slug and a folder name."""
+ARM = re.compile(r"^[a-z0-9][a-z0-9_.+-]{0,79}$")
 TOP_KEYS = {"name", "description", "base", "set", "methods", "seeds", "budget", "variants"}
 
 
@@ -144,7 +146,7 @@ class ExperimentSpec:
         unknown = set(data) - TOP_KEYS
         _require(not unknown, f"unknown experiment keys {sorted(unknown)} (known: {sorted(TOP_KEYS)})")
         name = str(data.get("name", ""))
-        _require(bool(NAME.match(name)), f"name must be lower-case letters, digits, -_.+ (got {name!r})")
+        _require(bool(NAME.match(name)), f"name must be lower-case letters, digits, - and _ (got {name!r})")
         base = _base_config(data.get("base", "cpu"), folder)
         shared = dict(data.get("set") or {})
         _require(not {"method", "seed"} & set(shared), "set may not name method or seed: the grid does")
@@ -192,7 +194,7 @@ def _variant(data: Any, folder: Path | None, budget: Mapping[str, Any]) -> Varia
     unknown = set(data) - {"name", "method", "set", "bank"}
     _require(not unknown, f"unknown variant keys {sorted(unknown)} (known: name, method, set, bank)")
     name, method = str(data.get("name", "")), str(data.get("method", ""))
-    _require(bool(NAME.match(name)), f"variant name must be lower-case letters, digits, -_.+ (got {name!r})")
+    _require(bool(ARM.match(name)), f"variant name must be lower-case letters, digits, -_.+ (got {name!r})")
     _require(method in METHODS, f"variant {name!r}: method {method!r} is not one of {', '.join(METHODS)}")
     overrides = dict(data.get("set") or {})
     clash = sorted(k for k in overrides if k in budget or k in ("method", "seed"))

@@ -1,0 +1,167 @@
+"""Experiments end to end: a tiny grid (2 methods × 2 seeds × 1 step) trains on the real models and services,
+running it again skips finished cells, its report has every section, and its pages follow run visibility."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from trainer.experiments.spec import ExperimentSpec
+from trainer.paths import var_dir
+from webapp.experiments import cell_dir, experiment_run, results_dir
+from webapp.models import Experiment, MetricRow, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TINY = {
+    "tasks_per_step": 1,
+    "k_rollouts": 4,
+    "eval_every": 0,
+    "eval_episodes": 1,
+    "checkpoint_every": 1,
+    "checkpoint_keep": 1,
+    "rollout.engine": "hf",
+    "rollout.turn_limit": 2,
+    "rollout.max_new_tokens": 8,
+    "rollout.context_tokens": 1024,
+    "extractor.max_new_tokens": 48,
+    "extractor.buffer_size": 2,
+    "experience.warmup_steps": 0,
+    "experience.merge_every": 1,
+}
+
+
+def write_experiment(folder: Path, name: str) -> Path:
+    lines = [
+        f'name = "{name}"',
+        'description = "tiny grid"',
+        'base = "cpu"',
+        'methods = ["grpo", "complementary"]',
+        "seeds = [0, 1]",
+        "[set]",
+    ]
+    lines += [f'"{k}" = {json.dumps(v)}' for k, v in TINY.items()]
+    lines += ["[budget]", "steps = 1"]
+    path = folder / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def experiment_file(tmp_path, settings):
+    """A tiny experiment with a unique name; its training folders are removed afterwards."""
+    settings.EXPERIMENT_RESULTS_DIR = tmp_path / "results"
+    name = f"tiny-{uuid.uuid4().hex[:8]}"
+    yield write_experiment(tmp_path, name)
+    shutil.rmtree(var_dir() / "experiments" / name, ignore_errors=True)
+
+
+@pytest.mark.timeout(1500)
+def test_a_tiny_grid_trains_end_to_end_is_skipped_when_done_and_reports_every_section(user, experiment_file):
+    out = io.StringIO()
+    call_command("experiment", "run", str(experiment_file), "--here", "--owner", user.username, stdout=out)
+    spec = ExperimentSpec.from_file(experiment_file)
+    experiment = Experiment.objects.get(name=spec.name)
+    runs = {r.cell: r for r in experiment.runs.all()}
+    assert sorted(runs) == ["complementary/s0", "complementary/s1", "grpo/s0", "grpo/s1"], out.getvalue()
+    for cell in spec.cells():
+        run = runs[cell.key]
+        assert run.status == Run.Status.SUCCEEDED, (cell.key, run.error)
+        assert run.checkpoint_dir == str(cell_dir(spec.name, cell)) and run.seed == cell.seed
+        assert list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True)) == [1]
+        files = results_dir(spec.name) / "runs" / cell.slug
+        assert {"cell.json", "config.json", "metrics.jsonl", "episodes.jsonl"} <= {
+            p.name for p in files.iterdir()
+        }
+        assert len(list(Path(run.checkpoint_dir).glob("checkpoints/step-*"))) == 1  # checkpoint_keep = 1
+    comp = runs["complementary/s0"]
+    assert comp.experiences.exists(), "the extractor distilled nothing into the cell's bank"
+
+    again = io.StringIO()
+    call_command("experiment", "run", str(experiment_file), "--here", "--owner", user.username, stdout=again)
+    assert again.getvalue().count(": done") == 4 and experiment.runs.count() == 4
+
+    call_command("experiment", "report", spec.name, stdout=io.StringIO())
+    md = (results_dir(spec.name) / "report" / "report.md").read_text()
+    for heading in (
+        "## 1. Evaluation success",
+        "## 2. Final evaluation in the paper's Table 1 layout",
+        "## 3. What the experience did",
+        "### Guided vs free",
+        "### Bank quality",
+        "## 4. What the extractor did",
+        "## 5. Cost",
+    ):
+        assert heading in md, heading
+    assert "| grpo | 2 |" in md and "| complementary | 2 |" in md  # the cost table has both arms
+
+
+def test_an_unfinished_cell_is_resumed_and_a_live_one_left_to_its_worker(user, experiment_file, monkeypatch):
+    spec = ExperimentSpec.from_file(experiment_file)
+    said: list[str] = []
+    queued: list[int] = []
+    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    experiment_run(spec, user, only=["grpo"], say=said.append)
+    runs = {r.cell: r for r in Run.objects.filter(experiment__name=spec.name)}
+    assert sorted(runs) == ["grpo/s0", "grpo/s1"] and sorted(queued) == sorted(r.pk for r in runs.values())
+    assert all("queued, from the start" in line for line in said)
+
+    Run.objects.filter(pk=runs["grpo/s0"].pk).update(status=Run.Status.FAILED, error="killed")
+    assert runs["grpo/s1"].claim("a-worker")  # running, beating: live
+    said.clear()
+    queued.clear()
+    experiment_run(spec, user, only=["grpo"], say=said.append)
+    assert (
+        queued == [runs["grpo/s0"].pk] and Run.objects.get(pk=runs["grpo/s0"].pk).status == Run.Status.QUEUED
+    )
+    assert any("grpo/s1: running on a-worker" in line for line in said), said
+
+
+def test_a_run_started_by_hand_in_a_cells_folder_is_adopted(user, experiment_file):
+    spec = ExperimentSpec.from_file(experiment_file)
+    cell = spec.cells()[0]
+    by_hand = Run.objects.create(
+        name="by hand",
+        owner=user,
+        config=cell.config.to_dict(),
+        checkpoint_dir=str(cell_dir(spec.name, cell)),
+        status=Run.Status.SUCCEEDED,
+    )
+    experiment_run(spec, user, only=[cell.key], say=lambda _: None)
+    by_hand.refresh_from_db()
+    assert by_hand.experiment.name == spec.name and by_hand.cell == cell.key
+    assert Run.objects.filter(experiment__name=spec.name).count() == 1
+
+
+def test_the_experiment_command_explains_a_bad_file(user, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nmethods = ["ppo"]\n')
+    with pytest.raises(CommandError, match="ppo"):
+        call_command("experiment", "run", str(bad), "--owner", user.username)
+    with pytest.raises(CommandError, match="no result files"):
+        call_command("experiment", "report", "never-run")
+
+
+def test_experiment_pages_show_the_grid_and_hide_others_private_runs(
+    client, user, other_user, experiment_file
+):
+    spec = ExperimentSpec.from_file(experiment_file)
+    experiment = Experiment.objects.create(name=spec.name, owner=user, spec=spec.to_dict(), shared=False)
+    mine = Run.objects.create(name="a", owner=user, config={}, experiment=experiment, cell="grpo/s0")
+    assert client.get(reverse("experiments")).status_code == 302  # login required
+    client.force_login(other_user)
+    assert client.get(reverse("experiment_detail", args=[spec.name])).status_code == 404
+    assert spec.name not in client.get(reverse("experiments")).content.decode()
+    client.force_login(user)
+    page = client.get(reverse("experiment_detail", args=[spec.name])).content.decode()
+    assert reverse("run_detail", args=[mine.pk]) in page and "complementary" in page and "not started" in page
+    assert client.get(reverse("experiment_report_file", args=[spec.name, "report.md"])).status_code == 404
+    assert client.get(f"/experiments/{spec.name}/report/..%2F..%2Fsecret").status_code == 404
+    assert client.get(f"/experiments/{spec.name}/report/config.json").status_code == 404

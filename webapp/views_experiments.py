@@ -1,0 +1,43 @@
+"""Experiments: the list, one experiment's grid of cells (each a run with its own page) and its report."""
+
+from __future__ import annotations
+
+import mimetypes
+
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from webapp.experiments import experiment_grid, results_dir
+from webapp.selectors import experiment_get, experiment_list
+
+REPORT_FILES = {"report.md", "summary.csv"}
+
+
+def experiments(request: HttpRequest) -> HttpResponse:
+    return render(request, "webapp/experiments.html", {"experiments": experiment_list(request.user)})
+
+
+def experiment_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """The grid: arms × seeds, each cell's run, status and latest step; the report when one was built."""
+    experiment = experiment_get(request.user, name)
+    report = results_dir(experiment.name) / "report" / "report.md"
+    context = {
+        "experiment": experiment,
+        "grid": experiment_grid(experiment, request.user),
+        "report": report.read_text(encoding="utf-8") if report.exists() else "",
+    }
+    return render(request, "webapp/experiment_detail.html", context)
+
+
+def experiment_report_file(request: HttpRequest, name: str, filename: str) -> HttpResponse:
+    """A file of the built report: report.md, summary.csv or one of its PNG plots."""
+    experiment = experiment_get(request.user, name)
+    if filename not in REPORT_FILES and not (filename.endswith(".png") and "/" not in filename):
+        raise Http404("no such report file")
+    path = results_dir(experiment.name) / "report" / filename
+    if not path.is_file():
+        raise Http404("the report has not been built: manage.py experiment report " + experiment.name)
+    content_type = mimetypes.guess_type(filename)[0] or "text/plain"
+    if filename.endswith(".md"):
+        content_type = "text/plain; charset=utf-8"
+    return FileResponse(path.open("rb"), content_type=content_type)
