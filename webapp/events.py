@@ -12,6 +12,15 @@ def run_group(run_id: int) -> str:
     return f"run-{run_id}"
 
 
+def session_group(session_key: str | None) -> str:
+    """The sockets opened with one login session: a logout closes them (``webapp.apps``)."""
+    return f"session-{session_key or 'none'}"
+
+
+def close_session_sockets(session_key: str | None) -> None:
+    async_to_sync(get_channel_layer().group_send)(session_group(session_key), {"type": "session.ended"})
+
+
 def broadcast_run_event(run_id: int, event: dict[str, Any]) -> None:
     """Send ``event`` to every socket watching the run (from any process, through Redis)."""
     async_to_sync(get_channel_layer().group_send)(run_group(run_id), {"type": "run.event", "event": event})

@@ -77,3 +77,55 @@ async def test_anonymous_sockets_are_refused(user):
     communicator, connected = await _connect(f"/ws/runs/{run.id}/?since=0", None)
     assert not connected
     await communicator.disconnect()
+
+
+async def test_a_run_made_private_stops_streaming_to_a_subscriber_who_may_no_longer_see_it(
+    async_client, user, other_user
+):
+    run = await Run.objects.acreate(name="s", owner=other_user, shared=True)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "status", "status": "running"})
+    assert (await communicator.receive_json_from(timeout=5))["status"] == "running"
+    await Run.objects.filter(pk=run.pk).aupdate(shared=False)
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "metrics", "step": 9, "values": {"secret": 1}})
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+
+
+async def test_logging_out_closes_the_sockets_of_that_session(async_client, user):
+    run = await Run.objects.acreate(name="r", owner=user)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected
+    response = await async_client.post("/logout/")
+    assert response.status_code == 302
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "metrics", "step": 1, "values": {"x": 1}})
+    assert await _no_data(communicator)
+
+
+async def _no_data(communicator: WebsocketCommunicator) -> bool:
+    """Nothing but (repeated) close frames arrives within half a second."""
+    try:
+        while True:
+            if (await communicator.receive_output(timeout=0.5))["type"] != "websocket.close":
+                return False
+    except TimeoutError:
+        return True
+
+
+async def test_an_ended_session_gets_no_event_even_without_the_logout_signal(async_client, user):
+    run = await Run.objects.acreate(name="r", owner=user)
+    cookie = await _login(async_client, user)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", cookie)
+    assert connected
+    from django.contrib.sessions.models import Session
+
+    await Session.objects.filter(session_key=cookie).adelete()  # expired, or flushed by another server
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "metrics", "step": 1, "values": {"x": 1}})
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+
+
+async def test_a_socket_to_an_unknown_path_is_refused_not_an_error(async_client, user):
+    communicator, connected = await _connect("/ws/runs/abc/", await _login(async_client, user))
+    assert not connected
+    await communicator.disconnect()
