@@ -71,7 +71,7 @@ def rerank(
     for rank, c in enumerate(candidates):
         if diversify:
             since = None if c.last_retrieved_at is None else (now - c.last_retrieved_at).total_seconds()
-            s_rank = -float(rank) if relevance == "rank" else c.similarity
+            s_rank = float(-rank) if relevance == "rank" else c.similarity
             score = diversified_score(s_rank, c.retrieval_count, since, lam=lam, window_s=window_s)
         else:
             score = c.similarity

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -309,3 +310,88 @@ def test_the_banks_page_lists_visible_banks_and_searches_across_them(
     assert "Unlock doors" in results and "Open doors with keys" in results and "Secret advice" not in results
     text = client.get(reverse("banks"), {"q": "monster", "mode": "text"}).content.decode()
     assert "Avoid the monster" in text[text.index('id="search-results"') :]
+
+
+# ---- imports are untrusted: one schema, nothing taken from the file that names runs, ids or owners -------
+
+
+def _line(**fields) -> dict:
+    base = {"format": "complementary-rl-experience/1", "scope": "MiniHack", "title": "Walk to >",
+            "content": "Move toward the staircase down."}  # fmt: skip
+    return base | fields
+
+
+def _import(client, run, *records, raw: bytes | None = None) -> str:
+    body = raw if raw is not None else "".join(json.dumps(r) + "\n" for r in records).encode()
+    upload = SimpleUploadedFile("bank.jsonl", body, content_type="application/jsonl")
+    return client.post(reverse("bank_import", args=[run.id]), {"file": upload}, follow=True).content.decode()
+
+
+def test_an_import_cannot_write_into_another_users_bank_or_overwrite_their_entry(
+    client, editor, other_user, run, embedder
+):
+    private = Run.objects.create(name="theirs", owner=other_user)
+    theirs = _add(private, "Their entry", "private text", embedder)
+    client.force_login(editor)
+    forged = [{"run_id": private.pk}, {"id": theirs.pk}]
+    forged.append({"id": theirs.pk, "run_id": private.pk, "created_at": "2026-01-01"})
+    for counters in forged:
+        page = _import(client, run, _line(counters=counters))
+        assert "Nothing was imported" in page and "counters" in page, counters
+    theirs.refresh_from_db()
+    assert (theirs.run_id, theirs.title, theirs.content) == (private.pk, "Their entry", "private text")
+    assert Experience.objects.filter(run=private).count() == 1
+    assert not Experience.objects.filter(run=run).exists()
+    assert not ExperienceChange.objects.filter(experience=theirs, kind="import").exists()
+
+
+@pytest.mark.parametrize(
+    ("record", "where"),
+    [
+        ([1, 2], "line 1"),
+        (12, "line 1"),
+        (_line(embedding=[float("nan")] * 384), "embedding"),
+        (_line(title="t" * 301), "title"),
+        (_line(scope="s" * 101), "scope"),
+        (_line(counters={"retrieval_count": -1}), "retrieval_count"),
+        (_line(counters={"retrieval_count": 10**20}), "retrieval_count"),
+        (_line(pinned="maybe"), "pinned"),
+        (_line(content="a\x00b"), "NUL"),
+        (_line(content=12), "content"),
+        (_line(content=["a", "list"]), "content"),
+        (_line(content="x" * 20_001), "content"),
+        (_line(counters={"unknown": 1}), "unknown"),
+    ],
+)
+def test_a_bad_import_line_is_refused_with_its_reason_and_changes_nothing(client, editor, run, record, where):
+    client.force_login(editor)
+    raw = (json.dumps(record, allow_nan=True) + "\n").encode()
+    page = _import(client, run, raw=raw)
+    assert response_ok(page) and "Nothing was imported" in page and where in page, page[:3000]
+    assert not Experience.objects.filter(run=run).exists()
+
+
+def response_ok(page: str) -> bool:
+    return "Server Error" not in page and "Traceback" not in page
+
+
+def test_each_bad_line_is_named_by_its_own_number_and_good_lines_are_not_imported_alone(client, editor, run):
+    client.force_login(editor)
+    raw = (json.dumps(_line()) + "\n{not json\n" + json.dumps(_line(pinned="no")) + "\n").encode()
+    page = _import(client, run, raw=raw)
+    assert "2 of 3 lines" in page and "line 2:" in page and "line 3: pinned" in page
+    assert not Experience.objects.filter(run=run).exists()
+
+
+def test_an_all_zero_or_foreign_embedding_is_recomputed_and_counters_are_kept(client, editor, run, embedder):
+    client.force_login(editor)
+    zero = _line(embedding_model=embedder.model_id, embedding=[0.0] * embedder.dim,
+                 counters={"retrieval_count": 4, "guided_successes": 2})  # fmt: skip
+    page = _import(client, run, zero)
+    assert "Imported 1 entry" in page
+    e = Experience.objects.get(run=run)
+    assert (
+        e.retrieval_count == 4
+        and e.guided_successes == 2
+        and abs(float(np.linalg.norm(e.embedding)) - 1) < 1e-3
+    )
