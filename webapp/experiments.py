@@ -57,18 +57,12 @@ class CellState:
         return self.run is not None and self.run.status == Run.Status.SUCCEEDED
 
 
-def experiment_sync(spec: ExperimentSpec, owner) -> Experiment:
-    """The experiment's row, created or brought up to date with its file."""
+def experiment_sync(spec: ExperimentSpec, owner, *, shared: bool = True) -> Experiment:
+    """The experiment's row, created (owned by ``owner``) or brought up to date with its file."""
+    fields = {"description": spec.description, "spec": spec.to_dict(), "source": str(spec.source or "")}
     experiment, _ = Experiment.objects.update_or_create(
-        name=spec.name,
-        defaults={
-            "description": spec.description,
-            "spec": spec.to_dict(),
-            "source": str(spec.source or ""),
-        },
-        create_defaults={"owner": owner, "description": spec.description, "spec": spec.to_dict(),
-                         "source": str(spec.source or "")},
-    )  # fmt: skip
+        name=spec.name, defaults=fields, create_defaults=fields | {"owner": owner, "shared": shared}
+    )
     return experiment
 
 
@@ -158,6 +152,7 @@ def experiment_run(
     here: bool = False,
     only: Iterable[str] = (),
     say: Callable[[str], None] = print,
+    shared: bool = True,
 ) -> Experiment:
     """Queue (or, ``here``, train one after another in this process) every unfinished cell of ``spec``.
 
@@ -166,7 +161,7 @@ def experiment_run(
     """
     from webapp.services import _enqueue
 
-    experiment = experiment_sync(spec, owner)
+    experiment = experiment_sync(spec, owner, shared=shared)
     wanted = set(only)
     for cell in spec.cells():
         if wanted and cell.key not in wanted and cell.arm not in wanted:

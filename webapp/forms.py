@@ -10,7 +10,8 @@ from django import forms
 from experience.selectors import PruneRule
 from trainer import envs
 from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
-from webapp.models import Run
+from trainer.experiments.spec import ExperimentSpec
+from webapp.models import Experiment, Run
 
 ABLATIONS = (
     "no_split",
@@ -99,11 +100,32 @@ class LaunchForm(forms.Form):
     tags = forms.CharField(max_length=300, required=False, help_text="Comma separated.")
     shared = forms.BooleanField(required=False, help_text="Let every user see this run.")
     base = forms.CharField(widget=forms.HiddenInput)
+    experiment = forms.SlugField(
+        max_length=80,
+        required=False,
+        label="Experiment name",
+        help_text="Set a name to launch a grid instead of one run: every method below × every seed below, "
+        "all on this form's config and budget.",
+    )
+    experiment_methods = forms.MultipleChoiceField(
+        required=False,
+        label="Methods",
+        choices=[(m, m) for m in METHODS],
+        widget=forms.CheckboxSelectMultiple,
+    )
+    experiment_seeds = forms.TypedMultipleChoiceField(
+        required=False,
+        label="Seeds",
+        coerce=int,
+        choices=[(i, str(i)) for i in range(MAX_SEEDS)],
+        widget=forms.CheckboxSelectMultiple,
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["env"].choices = env_choices()
         self.config: RunConfig | None = None
+        self.spec: ExperimentSpec | None = None
 
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
@@ -146,7 +168,39 @@ class LaunchForm(forms.Form):
         if last_seed > 2**31 - 1:
             self.add_error("seed", "the seeds must stay below 2^31")
         self.config = config
+        if data.get("experiment"):
+            self.spec = self._experiment_spec(config, data)
         return data
+
+    def _experiment_spec(self, config: RunConfig, data: dict[str, Any]) -> ExperimentSpec | None:
+        """The grid this form launches: the form's config as the base, its budget shared by every cell."""
+        name = data["experiment"]
+        if not data["experiment_methods"]:
+            self.add_error("experiment_methods", "choose at least one method for the experiment")
+        if not data["experiment_seeds"]:
+            self.add_error("experiment_seeds", "choose at least one seed for the experiment")
+        if Experiment.objects.filter(name=name).exists():
+            self.add_error("experiment", f"an experiment called {name!r} exists already; choose another name")
+        if self.errors:
+            return None
+        budget = {
+            key: getattr(config, key)
+            for key in ("steps", "tasks_per_step", "k_rollouts", "eval_every", "eval_episodes")
+        }
+        try:
+            return ExperimentSpec.from_dict(
+                {
+                    "name": name,
+                    "description": data["name"],
+                    "base": config.to_dict(),
+                    "budget": budget,
+                    "methods": data["experiment_methods"],
+                    "seeds": sorted(data["experiment_seeds"]),
+                }
+            )
+        except ConfigError as err:
+            self.add_error("experiment_methods", str(err))
+            return None
 
     @classmethod
     def for_preset(cls, name: str) -> LaunchForm:

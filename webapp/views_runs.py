@@ -30,6 +30,13 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("you may not launch runs")
     if request.method == "POST":
         form = LaunchForm(request.POST)
+        if form.is_valid() and form.spec is not None:
+            from webapp.experiments import experiment_run
+
+            experiment = experiment_run(form.spec, request.user, shared=form.cleaned_data["shared"])
+            n = experiment.runs.count()
+            messages.success(request, f"Queued experiment {experiment.name}: {n} runs.")
+            return redirect("experiment_detail", name=experiment.name)
         if form.is_valid():
             data = form.cleaned_data
             runs = run_create(

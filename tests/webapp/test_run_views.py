@@ -416,3 +416,28 @@ def test_the_log_tail_of_a_long_log_starts_on_a_whole_line(tmp_path):
     tail = run_log_tail(Run(checkpoint_dir=str(tmp_path)), lines=50).splitlines()
     assert len(tail) == 50 and tail[0].startswith("step 951 ") and tail[-1].startswith("step 1000 ")
     assert run_log_tail(Run(checkpoint_dir=str(tmp_path / "missing"))) == ""
+
+
+def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(client, launcher, monkeypatch):
+    queued: list[int] = []
+    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    client.force_login(launcher)
+    data = _launch_data(experiment="form-grid", experiment_methods=["grpo", "complementary"],
+                        experiment_seeds=["0", "2"])  # fmt: skip
+    response = client.post(reverse("run_launch"), data)
+    assert response.status_code == 302 and response["Location"] == reverse(
+        "experiment_detail", args=["form-grid"]
+    )
+    runs = Run.objects.filter(experiment__name="form-grid")
+    assert sorted(runs.values_list("cell", flat=True)) == ["complementary/s0", "complementary/s2", "grpo/s0",
+                                                            "grpo/s2"]  # fmt: skip
+    assert sorted(queued) == sorted(runs.values_list("pk", flat=True))
+    assert {r.config["steps"] for r in runs} == {3} and {r.owner for r in runs} == {launcher}
+    page = client.get(response["Location"]).content.decode()
+    assert "complementary" in page and "seed 2" in page
+
+    again = client.post(reverse("run_launch"), data)  # same name: refused, nothing queued
+    assert again.status_code == 400 and "exists already" in again.content.decode()
+    bad = client.post(reverse("run_launch"), _launch_data(experiment="x", experiment_methods=["grpo"]))
+    assert bad.status_code == 400 and "choose at least one seed" in bad.content.decode()
+    assert Run.objects.count() == 4
