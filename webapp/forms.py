@@ -131,9 +131,11 @@ class LaunchForm(forms.Form):
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
 
     def clean_base(self) -> dict[str, Any]:
+        if len(self.cleaned_data["base"]) > 100_000:
+            raise forms.ValidationError("the base config is too large; reload the form")
         try:
             base = json.loads(self.cleaned_data["base"])
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise forms.ValidationError("the base config is not valid JSON; reload the form") from None
         if not isinstance(base, dict):
             raise forms.ValidationError("the base config must be a table of keys; reload the form")
@@ -147,7 +149,12 @@ class LaunchForm(forms.Form):
             key, sep, value = line.partition("=")
             if not sep or not key.strip():
                 raise forms.ValidationError(f"line {number}: write key=value (got {line.strip()!r})")
-            out[key.strip()] = value.strip()
+            key = key.strip()
+            if key in CONFIG_FIELDS.values():
+                field = next(n for n, k in CONFIG_FIELDS.items() if k == key)
+                label = self.fields[field].label or field.replace("_", " ")
+                raise forms.ValidationError(f"line {number}: {key} has its own field ({label}); set it there")
+            out[key] = value.strip()
         return out
 
     def clean(self) -> dict[str, Any]:

@@ -160,8 +160,11 @@ def bank_merge_undo(request: HttpRequest, run_id: int, merge_id: int) -> HttpRes
 def bank_export(request: HttpRequest, run_id: int) -> HttpResponse:
     """The bank as JSONL (entries with provenance, counters and embeddings)."""
     run = run_get(request.user, run_id)
+    scope = request.GET.get("scope") or None
+    if scope is not None and ("\x00" in scope or len(scope) > 100):
+        return HttpResponse("scope must be a bank scope name (at most 100 characters)", status=400)
     out = io.StringIO()
-    bank_services.experience_export(run, out, scope=request.GET.get("scope") or None)
+    bank_services.experience_export(run, out, scope=scope)
     response = StreamingHttpResponse(iter([out.getvalue()]), content_type="application/jsonl")
     response["Content-Disposition"] = f'attachment; filename="bank-run-{run.id}.jsonl"'
     return response

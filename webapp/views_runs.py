@@ -47,7 +47,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
             return redirect("run_detail", run_id=runs[0].id) if len(runs) == 1 else redirect("home")
         return render(request, "webapp/launch.html", {"form": form}, status=400)
     if clone_id := request.GET.get("clone"):
-        if not clone_id.isdigit():
+        if not (clone_id.isascii() and clone_id.isdigit()):
             raise Http404("no such run")
         initial = run_clone_initial(run_get(request.user, int(clone_id)))
         form = LaunchForm(initial=config_initial(initial.pop("base")) | initial)

@@ -395,3 +395,8 @@ def test_an_all_zero_or_foreign_embedding_is_recomputed_and_counters_are_kept(cl
         and e.guided_successes == 2
         and abs(float(np.linalg.norm(e.embedding)) - 1) < 1e-3
     )
+
+
+def test_an_export_scope_with_a_nul_byte_is_refused_not_an_error(client, editor, run):
+    client.force_login(editor)
+    assert client.get(reverse("bank_export", args=[run.id]) + "?scope=%00").status_code == 400

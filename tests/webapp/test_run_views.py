@@ -441,3 +441,24 @@ def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(client,
     bad = client.post(reverse("run_launch"), _launch_data(experiment="x", experiment_methods=["grpo"]))
     assert bad.status_code == 400 and "choose at least one seed" in bad.content.decode()
     assert Run.objects.count() == 4
+
+
+@pytest.mark.parametrize(
+    ("changes", "field_text"),
+    [
+        ({"overrides": "actor.lr=nan"}, "actor.lr has its own field"),
+        ({"overrides": "steps=5"}, "steps has its own field"),
+        ({"base": "[" * 100_000 + "]" * 100_000}, "base config"),
+        ({"base": "[" * 20_000 + "]" * 20_000}, "base config"),
+    ],
+)
+def test_launch_input_that_used_to_crash_is_refused_next_to_its_field(client, launcher, changes, field_text):
+    client.force_login(launcher)
+    response = client.post(reverse("run_launch"), _launch_data(**changes))
+    assert response.status_code == 400 and field_text in response.content.decode()
+    assert not Run.objects.exists()
+
+
+def test_a_clone_id_that_is_not_a_plain_number_is_not_found(client, launcher):
+    client.force_login(launcher)
+    assert client.get(reverse("run_launch") + "?clone=%C2%B2").status_code == 404
