@@ -267,6 +267,8 @@ def delete(
 def set_pinned(entry_id: int, pinned: bool, *, user=None, actor: str = Actor.PERSON) -> Experience:
     e = _locked(entry_id)
     lock_bank(e.run_id)
+    if e.deleted_at is not None:
+        raise BankError(f"experience #{entry_id} was deleted: restore it (undo) before pinning it")
     if e.pinned == pinned:
         return e
     before = snapshot(e)

@@ -34,13 +34,18 @@ def experience_add(run, scope: str, title: str, content: str, *, user=None, step
         )  # fmt: skip
 
 
-def experience_edit(entry: Experience, title: str, content: str, *, user=None) -> Experience:
+def experience_edit(
+    entry: Experience, title: str, content: str, *, user=None, expected_version: int | None = None
+) -> Experience:
+    """A person's edit, recorded at the run's current step. ``expected_version``: the version the person
+    edited; if the entry changed since, ``BankError`` and nothing is saved (no lost update)."""
     embedder = _embedder(entry.run_id)
     vector = embedder.embed_one(bank.entry_text(title, content))
+    step = entry.run.step if entry.run_id else entry.updated_step
     with write_access(entry.run_id):
         return bank.update(
-            entry.pk, title, content, vector, embedding_model=embedder.model_id, step=entry.updated_step,
-            actor=Actor.PERSON, user=user,
+            entry.pk, title, content, vector, embedding_model=embedder.model_id, step=step,
+            actor=Actor.PERSON, user=user, expected_version=expected_version,
         )  # fmt: skip
 
 

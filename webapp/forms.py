@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 
 from experience.selectors import PruneRule
+from experience.transfer import CONTENT_MAX, TITLE_MAX
 from trainer import envs
 from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
 from trainer.experiments.spec import ExperimentSpec
@@ -279,9 +280,19 @@ class BankSearchForm(forms.Form):
     pinned = forms.BooleanField(required=False, label="Pinned only")
 
 
+def _no_nul(text: str) -> None:
+    if "\x00" in text:
+        raise forms.ValidationError("the text contains a NUL character")
+
+
 class ExperienceForm(forms.Form):
-    title = forms.CharField(max_length=300)
-    content = forms.CharField(widget=forms.Textarea(attrs={"rows": 10}))
+    """An entry's text; ``version`` is the one the person started from (a stale save is refused)."""
+
+    title = forms.CharField(max_length=TITLE_MAX, validators=[_no_nul])
+    content = forms.CharField(
+        max_length=CONTENT_MAX, validators=[_no_nul], widget=forms.Textarea(attrs={"rows": 10})
+    )
+    version = forms.IntegerField(widget=forms.HiddenInput, required=False, min_value=1)
 
 
 class PruneForm(forms.Form):

@@ -58,23 +58,32 @@ def bank_entry_view(request: HttpRequest, run_id: int, entry_id: int) -> HttpRes
     run = run_get(request.user, run_id)
     entry = bank_entry(run, entry_id)
     can_edit = can_edit_bank(request.user, run)
-    form = ExperienceForm(initial={"title": entry.title, "content": entry.content})
+    form = ExperienceForm(initial={"title": entry.title, "content": entry.content, "version": entry.version})
     status = 200
     if request.method == "POST":
         if not can_edit:
             raise PermissionDenied("you may not edit this run's experience bank")
         form = ExperienceForm(request.POST)
+        status = 400
         if form.is_valid():
+            data = form.cleaned_data
             try:
                 bank_services.experience_edit(
-                    entry, form.cleaned_data["title"], form.cleaned_data["content"], user=request.user
+                    entry, data["title"], data["content"], user=request.user, expected_version=data["version"]
                 )
             except BankError as err:
-                form.add_error(None, str(err))
+                entry.refresh_from_db()
+                stale = "changed meanwhile" in str(err)
+                newer = (
+                    f" Its text now: “{entry.title}: {entry.content[:500]}”. Your text is kept below."
+                    if stale
+                    else ""
+                )
+                form.add_error(None, f"Not saved: {err}.{newer}")
+                status = 409 if stale else 400
             else:
                 messages.success(request, "Saved.")
                 return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
-        status = 400
     context = {
         "run": run, "entry": entry, "form": form, "can_edit": can_edit,
         "history": bank_selectors.experience_history(entry),

@@ -400,3 +400,40 @@ def test_an_all_zero_or_foreign_embedding_is_recomputed_and_counters_are_kept(cl
 def test_an_export_scope_with_a_nul_byte_is_refused_not_an_error(client, editor, run):
     client.force_login(editor)
     assert client.get(reverse("bank_export", args=[run.id]) + "?scope=%00").status_code == 400
+
+
+def test_two_edits_from_the_same_version_save_the_first_and_refuse_the_second_showing_the_newer_text(
+    client, editor, run, entries
+):
+    e = entries[0]
+    Run.objects.filter(pk=run.pk).update(step=3)
+    client.force_login(editor)
+    url = reverse("bank_entry", args=[run.id, e.id])
+    first = client.post(url, {"title": "First", "content": "first text", "version": e.version})
+    second = client.post(url, {"title": "Second", "content": "second text", "version": e.version})
+    assert first.status_code == 302 and second.status_code == 409
+    page = second.content.decode()
+    assert "changed meanwhile" in page and "first text" in page and "second text" in page  # both visible
+    e.refresh_from_db()
+    assert (e.title, e.content) == ("First", "first text")
+    assert (
+        ExperienceChange.objects.filter(experience=e, actor="person").latest("id").step == 3
+    )  # the run's step
+
+
+def test_a_deleted_entry_refuses_pin_and_edit_with_a_visible_message(client, editor, run, entries):
+    e = entries[0]
+    client.force_login(editor)
+    client.post(reverse("bank_delete", args=[run.id, e.id]))
+    pinned = client.post(reverse("bank_pin", args=[run.id, e.id]), {"pinned": "1"}, follow=True)
+    assert "was deleted" in pinned.content.decode() and not Experience.objects.get(pk=e.id).pinned
+    url = reverse("bank_entry", args=[run.id, e.id])
+    edit = client.post(url, {"title": "x", "content": "y", "version": 2})
+    assert edit.status_code in (400, 404) and Experience.objects.get(pk=e.id).title != "x"
+
+
+def test_an_edit_of_two_million_characters_is_refused_next_to_the_field(client, editor, run, entries):
+    client.force_login(editor)
+    url = reverse("bank_entry", args=[run.id, entries[0].id])
+    response = client.post(url, {"title": "t", "content": "x" * 2_000_000, "version": 1})
+    assert response.status_code == 400 and "at most 20000 characters" in response.content.decode()
