@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -55,6 +56,8 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "django_celery_results",
+    "axes",
+    "csp",
     "webapp",
     "experience",
 ]
@@ -70,6 +73,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lockout into the lockout response
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -139,13 +144,46 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # login throttling (django-axes) before the real check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("STUDIO_LOGIN_FAILURES", "10"))
+"""Failed logins for one username from one address before it is locked out for AXES_COOLOFF_TIME."""
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_IPWARE_PROXY_COUNT = int(os.environ.get("STUDIO_PROXY_COUNT", "0"))
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the cookie-less meta tag; keep default
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy (django-csp): scripts only from this origin, no inline scripts anywhere
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],  # htmx and uPlot set element styles
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],  # the run page's WebSocket is same-origin
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+        "base-uri": ["'self'"],
+        "object-src": ["'none'"],
+    }
+}
 if env_bool("HTTPS", False):
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("STUDIO_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = env_bool("STUDIO_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        # submitting a domain to the browsers' preload list is the domain owner's lasting decision, not a
+        # default: STUDIO_HSTS_PRELOAD=true sends the preload directive
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 # ---- static files, i18n, logging -----------------------------------------------------------
 STATIC_URL = "static/"

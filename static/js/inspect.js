@@ -14,3 +14,6 @@ document.addEventListener("click", (e) => {
 });
 const highlighted = document.querySelector(".episode.highlight");
 if (highlighted) highlighted.scrollIntoView({ block: "center" });
+document.addEventListener("change", (e) => {
+  if (e.target.matches("[data-submit-on-change]")) e.target.form.submit();
+});

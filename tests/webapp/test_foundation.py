@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -13,6 +18,8 @@ from experience.models import Experience
 from webapp.asgi import application
 from webapp.models import Run
 from webapp.tasks import broadcast_run_event_task, ping
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _unit(v: np.ndarray) -> list[float]:
@@ -148,3 +155,46 @@ def test_a_post_without_csrf_token_is_rejected(user):
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     assert client.post(reverse("logout")).status_code == 403
+
+
+@pytest.mark.django_db
+def test_repeated_wrong_passwords_lock_the_account_for_that_address_even_with_the_right_one(
+    client, user, settings
+):
+    settings.AXES_FAILURE_LIMIT = 5
+    codes = [
+        client.post(reverse("login"), {"username": "alice", "password": "wrong"}).status_code
+        for _ in range(5)
+    ]
+    assert codes == [200, 200, 200, 200, 429]  # the form with its error, then locked at the limit
+    locked = client.post(reverse("login"), {"username": "alice", "password": "correct horse battery"})
+    assert locked.status_code == 429 and "Too many failed logins" in locked.content.decode()
+    assert client.get(reverse("home")).status_code == 302  # not logged in
+
+
+@pytest.mark.django_db
+def test_pages_carry_a_content_security_policy_without_inline_scripts(client, user):
+    client.force_login(user)
+    run = Run.objects.create(name="r", owner=user)
+    for url in (reverse("home"), reverse("run_detail", args=[run.id]), reverse("login")):
+        response = client.get(url)
+        policy = response["Content-Security-Policy"]
+        assert (
+            "script-src 'self'" in policy
+            and "unsafe-inline" not in policy.split("script-src")[1].split(";")[0]
+        )
+        body = response.content.decode()
+        assert "<script>" not in body and " onchange=" not in body and " onclick=" not in body, url
+
+
+def test_the_deploy_check_is_clean_in_https_mode():
+    env = {**os.environ, "HTTPS": "true", "DEBUG": "false", "SECRET_KEY": "x" * 60 + "-deploy-check-key-1234"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

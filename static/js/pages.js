@@ -1,0 +1,13 @@
+/* Page start-up without inline scripts (the Content-Security-Policy allows scripts from files only):
+   each page names its data and options in data- attributes of its #page-data element. */
+"use strict";
+document.addEventListener("DOMContentLoaded", () => {
+  const page = document.getElementById("page-data");
+  if (!page) return;
+  const data = JSON.parse(document.getElementById(page.dataset.json).textContent);
+  if (page.dataset.page === "run") {
+    Studio.runPage({ data, socketPath: page.dataset.socketPath });
+  } else if (page.dataset.page === "compare") {
+    Studio.comparePage({ data, x: page.dataset.x, smooth: page.dataset.smooth });
+  }
+});
