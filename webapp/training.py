@@ -18,7 +18,7 @@ from trainer.checkpoint import STATE_FILE, read_checkpoint
 from trainer.config import RunConfig
 from trainer.paths import var_dir
 from trainer.report import ConsoleReporter, Reporter
-from webapp.models import Run
+from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
 
@@ -72,6 +72,8 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
         return _finish(run, Run.Status.SUCCEEDED)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
     out_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None or resume == out_dir:  # a restart in its own folder: drop what the last try left
+        rewind(run, read_checkpoint(out_dir).step if resume else 0)
     with ExitStack() as stack:
         stack.enter_context(Heartbeat(run.pk))
         log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
@@ -82,6 +84,18 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
         train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, **extra)
     cancelled = Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
     return _finish(run, Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED)
+
+
+def rewind(run: Run, step: int) -> None:
+    """Forget what an interrupted attempt of ``run`` recorded after ``step`` (its checkpoint, 0 for a fresh
+    start): metric rows and episodes after it, and the bank entries created after it (entries it changed
+    keep their later text; a person's or an import's entries of step 0 stay). The retried steps write them
+    again, each once."""
+    from experience.models import Experience
+
+    MetricRow.objects.filter(run=run, step__gt=step).delete()
+    EpisodeRecord.objects.filter(run=run, step__gt=step).delete()
+    Experience.objects.filter(run=run, created_step__gt=step).delete()
 
 
 def _finish(run: Run, status: str) -> str:

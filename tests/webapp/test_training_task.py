@@ -126,3 +126,23 @@ def test_a_run_beats_between_steps_and_stops_beating_when_it_ends(make_run):
     Run.objects.filter(pk=run.pk).update(heartbeat_at=old)
     time.sleep(0.3)
     assert Run.objects.get(pk=run.pk).display_status == "lost"  # no beats after the end
+
+
+def test_a_retried_run_forgets_what_its_interrupted_attempt_recorded_after_its_checkpoint(user):
+    import numpy as np
+
+    from experience import bank
+    from webapp.training import rewind
+
+    run = Run.objects.create(name="r", owner=user)
+    for step in range(4):
+        MetricRow.objects.create(run=run, step=step, wall_time=step, values={})
+        EpisodeRecord.objects.create(run=run, step=step, task_instance=0, env="E", seed=0, guided=False,
+                                     reward=0, success=False, num_actions=1)  # fmt: skip
+    for step in (0, 1, 2, 3):
+        bank.add(run.pk, "E", f"entry of step {step}", "text", np.ones(384) / np.sqrt(384),
+                 embedding_model="m", step=step)  # fmt: skip
+    rewind(run, 1)
+    assert sorted(MetricRow.objects.filter(run=run).values_list("step", flat=True)) == [0, 1]
+    assert sorted(EpisodeRecord.objects.filter(run=run).values_list("step", flat=True)) == [0, 1]
+    assert sorted(run.experiences.values_list("created_step", flat=True)) == [0, 1]
