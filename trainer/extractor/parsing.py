@@ -14,6 +14,7 @@ goes on (an unparseable merge keeps the originals; an unparseable distillation c
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,7 +100,9 @@ def _clean(value: Any, limit: int) -> str:
 def parse_distil(text: str, *, max_ops: int = 3, can_update: bool = True) -> Parsed:
     """Operations from a distil answer: ``{"operations": [{"op", "title", "content"}]}``.
 
-    An ``add``/``update`` needs a title and content; an ``update`` without a retrieved entry becomes an
+    An ``add``/``update`` needs a title and content that says something (at least ``MIN_CONTENT_WORDS``
+    words, not just its title again); one that repeats an earlier operation of the same answer is dropped (a
+    small extractor often writes one entry three times); an ``update`` without a retrieved entry becomes an
     ``add``; operations beyond ``max_ops`` are dropped. A bare ``{"op": ...}`` object counts as one operation.
     """
     obj, repaired = find_json_object(text)
@@ -109,6 +112,7 @@ def parse_distil(text: str, *, max_ops: int = 3, can_update: bool = True) -> Par
     raw = obj.get("operations", [obj] if "op" in obj else None)
     if not isinstance(raw, list):
         return Parsed(errors=["no 'operations' list"], ok=False, repaired=repaired)
+    seen: list[tuple[str, ...]] = []
     for i, item in enumerate(raw):
         if len(out.items) == max_ops:
             out.errors.append(f"operations beyond {max_ops} dropped")
@@ -125,9 +129,32 @@ def parse_distil(text: str, *, max_ops: int = 3, can_update: bool = True) -> Par
         if not title or not content:
             out.errors.append(f"operation {i}: {kind} without a title and content")
             continue
+        if problem := _uninformative(title, content, seen):
+            out.errors.append(f"operation {i}: {problem}")
+            continue
+        seen.append(_words(f"{title} {content}"))
         out.items.append(ParsedOp(kind if can_update else "add", title, content))
     out.ok = bool(out.items)
     return out
+
+
+MIN_CONTENT_WORDS = 4
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"[a-z0-9<>@]+", text.lower()))
+
+
+def _uninformative(title: str, content: str, seen: Sequence[tuple[str, ...]]) -> str | None:
+    """Why an entry is not worth storing, or None."""
+    words = _words(content)
+    if len(words) < MIN_CONTENT_WORDS:
+        return f"content of {len(words)} words says nothing reusable"
+    if words == _words(title):
+        return "content repeats the title"
+    if _words(f"{title} {content}") in seen:
+        return "repeats an earlier operation of this answer"
+    return None
 
 
 def parse_merge(text: str, ids: Sequence[int]) -> Parsed:

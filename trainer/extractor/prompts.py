@@ -32,6 +32,8 @@ rules, and mistakes to avoid. Keep it abstract (no instance-specific coordinates
 - "add": a new entry;
 - "update": rewrite the retrieved entry shown below (only when one is shown);
 - "return": nothing worth keeping (say why in one line).
+Write each content as one or two full sentences saying in which situation to do what, in the game's own \
+words for its symbols and actions (the commands it accepts). Every operation must say something different.
 Answer with JSON only: {"operations": [{"op": "add", "title": "...", "content": "..."}]}, at most \
 {max_ops} operations."""
 

@@ -74,7 +74,7 @@ def test_garbage_is_unparseable_not_an_exception(text):
 
 
 def test_update_without_a_retrieved_entry_becomes_add_and_ops_are_capped():
-    ops = [{"op": "update", "title": f"t{i}", "content": f"c{i}"} for i in range(5)]
+    ops = [{"op": "update", "title": f"t{i}", "content": f"rule number {i} for the game"} for i in range(5)]
     out = parsing.parse_distil(json.dumps({"operations": ops}), max_ops=3, can_update=False)
     assert [o.kind for o in out.items] == ["add", "add", "add"]
     assert any("beyond 3" in e for e in out.errors)
@@ -140,3 +140,20 @@ def test_prompts_show_the_episode_the_outcome_and_the_retrieved_entry():
     assert "action 49" in text and "action 0\n" not in text and "earlier turns omitted" in text
     (_, user) = xp.distil_messages("g", steps[:2], False, 0.0, None)
     assert "FAILURE" in user["content"] and "none" in user["content"]
+
+
+def test_repeated_and_uninformative_operations_are_dropped_with_their_reason():
+    good = {"op": "add", "title": "Walk to >", "content": "Move in the direction the legend gives for >."}
+    ops = [
+        good,
+        dict(good),
+        {"op": "add", "title": "Nothing happened.", "content": "Nothing happened."},
+        {"op": "add", "title": "It's solid stone", "content": "It's solid stone"},
+        {"op": "add", "title": "Dots", "content": "..."},
+        {"op": "add", "title": "t", "content": "{{lessonEnd}} ."},
+    ]
+    out = parsing.parse_distil(json.dumps({"operations": ops}), max_ops=10)
+    assert [o.title for o in out.items] == ["Walk to >"] and out.ok
+    reasons = " | ".join(out.errors)
+    assert "repeats an earlier operation" in reasons and "repeats the title" in reasons
+    assert reasons.count("says nothing reusable") == 3  # "Nothing happened.", "...", "{{lessonEnd}} ."
