@@ -54,7 +54,7 @@ def test_every_shipped_experiment_file_loads_with_one_budget_for_every_cell():
 def test_cells_are_the_base_then_budget_then_method_and_seed():
     spec = spec_of(budget={"steps": 3, "k_rollouts": 4}, set={"env": "Sokoban-6x6"})
     cells = {c.key: c for c in spec.cells()}
-    assert list(cells) == ["grpo/s0", "grpo/s1", "complementary/s0", "complementary/s1"]
+    assert list(cells) == ["grpo/s0", "complementary/s0", "grpo/s1", "complementary/s1"]  # seed by seed
     c = cells["complementary/s1"]
     assert (c.config.method, c.config.seed, c.config.steps, c.config.k_rollouts) == ("complementary", 1, 3, 4)
     assert c.config.env == "Sokoban-6x6" and c.slug == "complementary-s1"

@@ -99,12 +99,13 @@ class ExperimentSpec:
         return list(self.methods) + [v.name for v in self.variants]
 
     def cells(self) -> list[Cell]:
-        """Every run of the grid, arm by arm, seed by seed (the order they are queued in)."""
+        """Every run of the grid, seed by seed and arm by arm within a seed (the order they are queued in:
+        a grid cut short still has every arm at its first seeds)."""
+        arms = [(m, m, {}, None) for m in self.methods]
+        arms += [(v.name, v.method, v.overrides, v.bank) for v in self.variants]
         out = []
-        for arm, method, overrides, bank in [(m, m, {}, None) for m in self.methods] + [
-            (v.name, v.method, v.overrides, v.bank) for v in self.variants
-        ]:
-            for seed in self.seeds:
+        for seed in self.seeds:
+            for arm, method, overrides, bank in arms:
                 try:
                     cfg = self.base.with_overrides(**self.budget, method=method, seed=seed, **overrides)
                 except ConfigError as err:
