@@ -71,6 +71,8 @@ class Experience:
     entry_version: int | None = None
     """The entry's version when it was retrieved: the outcome is credited to the generation that wrote
     this text, even if the entry has been rewritten by the time the credit is assigned."""
+    similarity: float | None = None
+    """Cosine similarity of the entry to the retrieval query (for reports on what was handed out)."""
 
 
 Retriever = Callable[[Sequence[RetrievalQuery]], Sequence[Experience | None]]
