@@ -28,6 +28,9 @@ ENGINES = ("vllm", "hf")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 SCOPES = ("task", "shared")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+MAX_NEW_TOKENS = 32_768
+MAX_ROLLOUTS_PER_STEP = 16_384
+"""Upper bounds: values beyond them cannot run on any machine this targets, so they are refused up front."""
 
 
 class ConfigError(ValueError):
@@ -50,6 +53,10 @@ def _positive(name: str, value: float) -> None:
 
 def _at_least(name: str, value: int, low: int) -> None:
     _require(value >= low, f"{name} must be at least {low} (got {value})")
+
+
+def _at_most(name: str, value: float, high: float, why: str = "") -> None:
+    _require(value <= high, f"{name} must be at most {high:g}{why} (got {value:g})")
 
 
 def _non_negative(name: str, value: float) -> None:
@@ -208,6 +215,7 @@ class ActorConfig(_Section):
     def __post_init__(self) -> None:
         _require(bool(self.model_path), "model_path must name a model directory or hub id")
         _positive("lr", self.lr)
+        _at_most("lr", self.lr, 1.0, ": larger steps only destroy the model")
         _require(0 < self.clip_eps < 1, f"clip_eps must be between 0 and 1 (got {self.clip_eps})")
         _positive("grad_clip", self.grad_clip)
         _at_least("micro_batch_size", self.micro_batch_size, 1)
@@ -252,14 +260,18 @@ class ExtractorConfig(_Section):
     def __post_init__(self) -> None:
         _require(bool(self.model_path), "model_path must name a model directory or hub id")
         _positive("lr", self.lr)
+        _at_most("lr", self.lr, 1.0, ": larger steps only destroy the model")
         _require(0 <= self.eps_low < 1, f"eps_low must be at least 0 and below 1 (got {self.eps_low})")
         _non_negative("eps_high", self.eps_high)
         _at_least("buffer_size", self.buffer_size, 1)
+        _at_most("buffer_size", self.buffer_size, 100_000)
         _at_least("delta", self.delta, 0)
         _non_negative("alpha", self.alpha)
         _at_least("max_ops", self.max_ops, 1)
         _at_least("max_new_tokens", self.max_new_tokens, 16)
+        _at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS)
         _at_least("trajectory_chars", self.trajectory_chars, 200)
+        _at_most("trajectory_chars", self.trajectory_chars, 1_000_000)
         _positive("grad_clip", self.grad_clip)
         _at_least("micro_batch_size", self.micro_batch_size, 1)
         _one_of("policy_loss", self.policy_loss, losses.POLICY_LOSSES)
@@ -311,6 +323,7 @@ class ExperienceConfig(_Section):
         _at_least("merge_every", self.merge_every, 1)
         _at_least("merge_chunk", self.merge_chunk, 2)
         _at_least("capacity", self.capacity, 1)
+        _at_most("capacity", self.capacity, 10_000_000)
         _one_of("scope", self.scope, SCOPES)
         _at_least("warmup_steps", self.warmup_steps, 0)
         _at_least("search_and_ask_max", self.search_and_ask_max, 0)
@@ -342,14 +355,18 @@ class RolloutConfig(_Section):
         _non_negative("temperature", self.temperature)
         _require(0 < self.top_p <= 1, f"top_p must be above 0 and at most 1 (got {self.top_p})")
         _at_least("max_new_tokens", self.max_new_tokens, 1)
+        _at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS)
         if self.turn_limit is not None:
             _at_least("turn_limit", self.turn_limit, 1)
+            _at_most("turn_limit", self.turn_limit, 10_000)
+        _at_most("context_tokens", self.context_tokens, 1_048_576)
         _require(
             self.context_tokens > self.max_new_tokens,
             f"context_tokens ({self.context_tokens}) must be larger than max_new_tokens "
             f"({self.max_new_tokens}) to leave room for the prompt",
         )
         _positive("kv_cache_gib", self.kv_cache_gib)
+        _at_most("kv_cache_gib", self.kv_cache_gib, 4096)
         _one_of("dtype", self.dtype, DTYPES)
 
 
@@ -403,7 +420,16 @@ class RunConfig(_Section):
         _require(bool(self.env), "env must name an environment or a task mixture")
         _one_of("method", self.method, METHODS)
         _at_least("steps", self.steps, 1)
+        _at_most("steps", self.steps, 1_000_000)
         _at_least("tasks_per_step", self.tasks_per_step, 1)
+        _at_most("tasks_per_step", self.tasks_per_step, 4096)
+        _at_most("k_rollouts", self.k_rollouts, 256)
+        _at_most(
+            "tasks_per_step × k_rollouts",
+            self.tasks_per_step * self.k_rollouts,
+            MAX_ROLLOUTS_PER_STEP,
+            " episodes per step",
+        )
         _require(
             self.k_rollouts >= 2,
             f"k_rollouts must be at least 2: GRPO compares rollouts of the same task (got {self.k_rollouts})",
@@ -421,6 +447,7 @@ class RunConfig(_Section):
         _at_least("seed", self.seed, 0)
         _at_least("eval_every", self.eval_every, 0)
         _at_least("eval_episodes", self.eval_episodes, 1)
+        _at_most("eval_episodes", self.eval_episodes, 100_000)
         _at_least("checkpoint_every", self.checkpoint_every, 0)
         _at_least("checkpoint_keep", self.checkpoint_keep, 0)
         self._check_ablations()

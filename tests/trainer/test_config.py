@@ -295,3 +295,20 @@ def test_the_shipped_config_files_load_and_name_a_registered_env(path):
             assert {name: getattr(getattr(cfg, key), name) for name in value} == value, key
         else:
             assert getattr(cfg, key) == value, key
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"k_rollouts": 10**9}, "k_rollouts must be at most 256"),
+        ({"actor.lr": 1e9}, "lr must be at most 1"),
+        ({"steps": 10**12}, "steps must be at most"),
+        ({"tasks_per_step": 10**9}, "tasks_per_step must be at most"),
+        ({"eval_episodes": 10**12}, "eval_episodes must be at most"),
+        ({"tasks_per_step": 4096, "k_rollouts": 256}, "episodes per step"),
+        ({"rollout.max_new_tokens": 10**7}, "max_new_tokens must be at most"),
+    ],
+)
+def test_values_that_cannot_run_are_refused_up_front(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        get_preset("cpu").with_overrides(**overrides)
