@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from experience.selectors import PruneRule
 from experience.transfer import CONTENT_MAX, TITLE_MAX
-from trainer import envs
+from trainer import envs, paths
 from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
 from trainer.experiments.spec import ExperimentSpec
 from webapp.models import Experiment, Run
@@ -67,6 +70,41 @@ def _field_for(message: str) -> str | None:
         if message.startswith((f"{key} ", f"{key}:")):
             return name
     return None
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def model_roots() -> list[Path]:
+    """Folders whose models a launch may use: the prepared models, plus the admin's ``STUDIO_MODEL_DIRS``."""
+    return [paths.models_dir(), *(Path(p).resolve() for p in settings.STUDIO_MODEL_DIRS)]
+
+
+def prepared_models() -> list[str]:
+    """Every model folder (one with a config.json) directly inside the allowed folders."""
+    return sorted(
+        str(p.parent) for root in model_roots() if root.is_dir() for p in root.glob("*/config.json")
+    )
+
+
+def clean_model_path(value: str) -> str:
+    """A prepared model's folder, or (where allowed) a hub id; anything else is refused with the choices."""
+    value = value.strip()
+    if settings.STUDIO_ALLOW_HUB_MODELS and HUB_ID.match(value) and not Path(value).exists():
+        return value
+    choices = ", ".join(prepared_models()) or "none: run manage.py prepare_models"
+    path = Path(value).expanduser()
+    if not path.is_absolute() or "\x00" in value:
+        raise forms.ValidationError(f"give the full path of a prepared model (prepared: {choices})")
+    path = path.resolve()
+    if not any(path.is_relative_to(root) for root in model_roots()):
+        raise forms.ValidationError(
+            f"{value} is not in a folder models may come from (prepared: {choices}; an administrator can "
+            "add folders with STUDIO_MODEL_DIRS)"
+        )
+    if not (path / "config.json").is_file():
+        raise forms.ValidationError(f"{value} holds no model (no config.json); prepared: {choices}")
+    return str(path)
 
 
 class LaunchForm(forms.Form):
@@ -127,6 +165,12 @@ class LaunchForm(forms.Form):
         self.fields["env"].choices = env_choices()
         self.config: RunConfig | None = None
         self.spec: ExperimentSpec | None = None
+
+    def clean_actor_model(self) -> str:
+        return clean_model_path(self.cleaned_data["actor_model"])
+
+    def clean_extractor_model(self) -> str:
+        return clean_model_path(self.cleaned_data["extractor_model"])
 
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]

@@ -136,6 +136,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 
+# ---- models a launch may name ---------------------------------------------------------------
+STUDIO_MODEL_DIRS = [p for p in os.environ.get("STUDIO_MODEL_DIRS", "").split(os.pathsep) if p]
+"""Folders (besides the prepared models in var/models) whose model checkpoints launches may use."""
+STUDIO_ALLOW_HUB_MODELS = env_bool("STUDIO_ALLOW_HUB_MODELS", False)
+"""Allow Hugging Face hub ids (org/name) in launches: only where workers can download or have them cached."""
+
 # ---- auth --------------------------------------------------------------------------------
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

@@ -462,3 +462,28 @@ def test_launch_input_that_used_to_crash_is_refused_next_to_its_field(client, la
 def test_a_clone_id_that_is_not_a_plain_number_is_not_found(client, launcher):
     client.force_login(launcher)
     assert client.get(reverse("run_launch") + "?clone=%C2%B2").status_code == 404
+
+
+@pytest.mark.parametrize("model", ["../../etc/passwd", "/nonexistent", "/etc", "Qwen/Qwen2.5-7B-Instruct"])
+def test_a_launch_names_only_prepared_models(client, launcher, model):
+    client.force_login(launcher)
+    response = client.post(reverse("run_launch"), _launch_data(actor_model=model))
+    assert response.status_code == 400 and "prepared" in response.content.decode()
+    assert not Run.objects.exists()
+
+
+def test_an_admin_allowed_folder_and_hub_ids_can_be_opened_up(client, launcher, settings, tmp_path):
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    settings.STUDIO_MODEL_DIRS = [str(tmp_path)]
+    settings.STUDIO_ALLOW_HUB_MODELS = True
+    client.force_login(launcher)
+    response = client.post(reverse("run_launch"), _launch_data(actor_model=str(model),
+                                                                extractor_model="Qwen/Qwen3-4B"))  # fmt: skip
+    assert response.status_code == 302
+    run = Run.objects.get()
+    assert (
+        run.config["actor"]["model_path"] == str(model)
+        and run.config["extractor"]["model_path"] == "Qwen/Qwen3-4B"
+    )
