@@ -89,7 +89,7 @@ def experiment_cells(experiment: Experiment, spec: ExperimentSpec) -> list[CellS
     return [CellState(c, runs.get(c.key)) for c in spec.cells()]
 
 
-def cell_run(experiment: Experiment, cell: Cell, owner) -> Run:
+def cell_run(experiment: Experiment, cell: Cell, owner, *, launch_token: str = "") -> Run:
     """The run of ``cell``: its own, a run started by hand in the cell's folder (adopted), or a new one."""
     run = experiment.runs.filter(cell=cell.key).first()
     if run is not None:
@@ -115,6 +115,7 @@ def cell_run(experiment: Experiment, cell: Cell, owner) -> Run:
             checkpoint_dir=folder,
             experiment=experiment,
             cell=cell.key,
+            launch_token=launch_token,
         )
     if cell.bank is not None:
         seed_bank(run, cell.bank)
@@ -153,6 +154,7 @@ def experiment_run(
     only: Iterable[str] = (),
     say: Callable[[str], None] = print,
     shared: bool = True,
+    launch_token: str = "",
 ) -> Experiment:
     """Queue (or, ``here``, train one after another in this process) every unfinished cell of ``spec``.
 
@@ -166,7 +168,7 @@ def experiment_run(
     for cell in spec.cells():
         if wanted and cell.key not in wanted and cell.arm not in wanted:
             continue
-        run = cell_run(experiment, cell, owner)
+        run = cell_run(experiment, cell, owner, launch_token=launch_token)
         if run.status == Run.Status.SUCCEEDED:
             export_results(run)
             say(f"{cell.key}: done (run {run.pk})")
@@ -182,7 +184,7 @@ def experiment_run(
             status = train_cell_here(run)
             say(f"{cell.key}: {status}")
         else:
-            _enqueue(run.pk)
+            transaction.on_commit(lambda pk=run.pk: _enqueue(pk))  # a worker must find the run committed
             say(f"{cell.key}: {was} -> queued, {how} (run {run.pk})")
     return experiment
 

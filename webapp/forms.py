@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.core.validators import RegexValidator
 
 from experience.selectors import PruneRule
 from experience.transfer import CONTENT_MAX, TITLE_MAX
@@ -139,6 +141,10 @@ class LaunchForm(forms.Form):
     tags = forms.CharField(max_length=300, required=False, help_text="Comma separated.")
     shared = forms.BooleanField(required=False, help_text="Let every user see this run.")
     base = forms.CharField(widget=forms.HiddenInput)
+    submission = forms.CharField(
+        widget=forms.HiddenInput, required=False, max_length=64, validators=[RegexValidator(r"^[0-9a-f]*$")]
+    )
+    """A token made when the form is shown: the same submission posted twice launches once."""
     experiment = forms.SlugField(
         max_length=80,
         required=False,
@@ -163,6 +169,8 @@ class LaunchForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["env"].choices = env_choices()
+        if not self.is_bound:
+            self.initial.setdefault("submission", uuid.uuid4().hex)
         self.config: RunConfig | None = None
         self.spec: ExperimentSpec | None = None
 

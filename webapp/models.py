@@ -84,6 +84,9 @@ class Run(models.Model):
         Experiment, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs"
     )
     cell = models.CharField(max_length=120, blank=True, help_text="Its cell in the experiment: arm/s<seed>.")
+    launch_token = models.CharField(
+        max_length=64, blank=True, db_index=True, help_text="The launch form submission that created it."
+    )
 
     objects = RunQuerySet.as_manager()
 

@@ -57,13 +57,20 @@ def run_create(
     shared: bool = False,
     n_seeds: int = 1,
     resume_from: str = "",
+    launch_token: str = "",
 ) -> list[Run]:
-    """Queue ``n_seeds`` runs of ``config`` (seeds seed, seed+1, ...); each goes to a worker on commit."""
+    """Queue ``n_seeds`` runs of ``config`` (seeds seed, seed+1, ...); each goes to a worker on commit.
+
+    ``launch_token``: the form submission; the same submission twice (a double click, a retried POST) gets
+    the runs of the first instead of new ones."""
     if n_seeds < 1:
         raise RunError("launch at least one seed")
     base = name or f"{config.method} on {config.env}"
     runs = []
     with transaction.atomic():
+        if launch_token:
+            if earlier := launched_by(launch_token):
+                return earlier
         for i in range(n_seeds):
             cfg = config.with_overrides(seed=config.seed + i)
             run = Run.objects.create(
@@ -76,10 +83,21 @@ def run_create(
                 seed=cfg.seed,
                 config=cfg.to_dict(),
                 resume_from=resume_from,
+                launch_token=launch_token,
             )
             transaction.on_commit(lambda run_id=run.id: _enqueue(run_id))
             runs.append(run)
     return runs
+
+
+def launched_by(launch_token: str) -> list[Run]:
+    """The runs an earlier copy of this form submission created; call inside a transaction. Holds a lock
+    on the token until it ends, so two copies arriving together are serialised."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"launch:{launch_token}"])
+    return list(Run.objects.filter(launch_token=launch_token).order_by("seed"))
 
 
 def run_cancel(run: Run) -> Run:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -17,6 +18,7 @@ from webapp.services import (
     RunError,
     can_launch,
     can_manage,
+    launched_by,
     run_cancel,
     run_clone_initial,
     run_create,
@@ -29,23 +31,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     if not can_launch(request.user):
         raise PermissionDenied("you may not launch runs")
     if request.method == "POST":
-        form = LaunchForm(request.POST)
-        if form.is_valid() and form.spec is not None:
-            from webapp.experiments import experiment_run
-
-            experiment = experiment_run(form.spec, request.user, shared=form.cleaned_data["shared"])
-            n = experiment.runs.count()
-            messages.success(request, f"Queued experiment {experiment.name}: {n} runs.")
-            return redirect("experiment_detail", name=experiment.name)
-        if form.is_valid():
-            data = form.cleaned_data
-            runs = run_create(
-                request.user, form.config, name=data["name"], tags=data["tags"], shared=data["shared"],
-                n_seeds=data["n_seeds"],
-            )  # fmt: skip
-            messages.success(request, f"Queued {len(runs)} run{'s' if len(runs) > 1 else ''}.")
-            return redirect("run_detail", run_id=runs[0].id) if len(runs) == 1 else redirect("home")
-        return render(request, "webapp/launch.html", {"form": form}, status=400)
+        return _launch(request, LaunchForm(request.POST))
     if clone_id := request.GET.get("clone"):
         if not (clone_id.isascii() and clone_id.isdigit()):
             raise Http404("no such run")
@@ -56,6 +42,44 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         form = LaunchForm.for_preset(preset if preset in PRESETS else "cpu")
     template = "webapp/_launch_form.html" if request.htmx else "webapp/launch.html"
     return render(request, template, {"form": form})
+
+
+def _launch(request: HttpRequest, form: LaunchForm) -> HttpResponse:
+    """Queue what a valid launch form asks for: runs, or an experiment's grid. The same submission posted
+    again (a double click, a retried request) leads to what the first one launched, never to a copy."""
+    token = request.POST.get("submission", "")
+    with transaction.atomic():
+        if token and (earlier := launched_by(token)):
+            return _launched(request, earlier, again=True)
+        if not form.is_valid():
+            return render(request, "webapp/launch.html", {"form": form}, status=400)
+        data = form.cleaned_data
+        if form.spec is not None:
+            from webapp.experiments import experiment_run
+
+            experiment = experiment_run(
+                form.spec, request.user, shared=data["shared"], launch_token=data["submission"]
+            )
+            runs = list(experiment.runs.all())
+        else:
+            runs = run_create(
+                request.user, form.config, name=data["name"], tags=data["tags"], shared=data["shared"],
+                n_seeds=data["n_seeds"], launch_token=data["submission"],
+            )  # fmt: skip
+    return _launched(request, runs)
+
+
+def _launched(request: HttpRequest, runs: list[Run], *, again: bool = False) -> HttpResponse:
+    experiment = runs[0].experiment
+    n = len(runs)
+    what = f"experiment {experiment.name}: {n} runs" if experiment else f"{n} run{'s' if n > 1 else ''}"
+    if again:
+        messages.info(request, f"This form was submitted already: it launched {what}.")
+    else:
+        messages.success(request, f"Queued {what}.")
+    if experiment is not None:
+        return redirect("experiment_detail", name=experiment.name)
+    return redirect("run_detail", run_id=runs[0].id) if len(runs) == 1 else redirect("home")
 
 
 def _managed_run(request: HttpRequest, run_id: int) -> Run:

@@ -4,6 +4,7 @@ the live run page, the trajectory inspector and the worker indicator."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -418,13 +419,16 @@ def test_the_log_tail_of_a_long_log_starts_on_a_whole_line(tmp_path):
     assert run_log_tail(Run(checkpoint_dir=str(tmp_path / "missing"))) == ""
 
 
-def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(client, launcher, monkeypatch):
+def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(
+    client, launcher, monkeypatch, django_capture_on_commit_callbacks
+):
     queued: list[int] = []
     monkeypatch.setattr("webapp.services._enqueue", queued.append)
     client.force_login(launcher)
     data = _launch_data(experiment="form-grid", experiment_methods=["grpo", "complementary"],
                         experiment_seeds=["0", "2"])  # fmt: skip
-    response = client.post(reverse("run_launch"), data)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("run_launch"), data)
     assert response.status_code == 302 and response["Location"] == reverse(
         "experiment_detail", args=["form-grid"]
     )
@@ -487,3 +491,15 @@ def test_an_admin_allowed_folder_and_hub_ids_can_be_opened_up(client, launcher, 
         run.config["actor"]["model_path"] == str(model)
         and run.config["extractor"]["model_path"] == "Qwen/Qwen3-4B"
     )
+
+
+def test_the_same_form_submission_posted_twice_launches_once(client, launcher):
+    client.force_login(launcher)
+    page = client.get(reverse("run_launch")).content.decode()
+    token = re.search(r'name="submission" value="([0-9a-f]+)"', page).group(1)
+    first = client.post(reverse("run_launch"), _launch_data(submission=token, n_seeds=2))
+    second = client.post(reverse("run_launch"), _launch_data(submission=token, n_seeds=2), follow=True)
+    assert first.status_code == 302 and Run.objects.count() == 2
+    assert "submitted already" in second.content.decode()
+    other = client.get(reverse("run_launch")).content.decode()
+    assert token not in other  # every showing of the form gets its own token
