@@ -192,15 +192,18 @@ class ExtractorTrack:
         ids = sorted({c.entry_id for c in credits if c.entry_id is not None})
         seen = {c.entry_id: c.entry_version for c in credits if c.entry_id is not None and c.entry_version}
         behind = self.store.generations(ids, seen) if ids else {}
+        keys = set()
         with self.update_lock:
             for c in credits:
                 if c.generation is not None:
-                    self.buffer.credit(c.generation, c.success, kind="refine")
+                    keys.add(self.buffer.credit(c.generation, c.success, kind="refine"))
                 if c.entry_id is not None:
                     g = behind.get(c.entry_id)
                     kind = "merge" if g is not None and generation_key(g) in self._merge_keys else "distil"
-                    self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id)
-        self._count(credited=len(credits), credit_s=time.perf_counter() - t0)
+                    keys.add(self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id))
+        keys.discard(None)
+        # distinct generations an actor step credits: what fills the buffer of unique generations
+        self._count(credited=len(credits), credited_generations=len(keys), credit_s=time.perf_counter() - t0)
 
     def _distil(self, step: int, requests: Sequence[DistilRequest]) -> None:
         for i in range(0, len(requests), self.distil_batch):
