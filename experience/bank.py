@@ -126,8 +126,10 @@ def _record(
     step: int = 0,
     user=None,
     merge: Merge | None = None,
+    batch: str = "",
 ) -> ExperienceChange:
     return ExperienceChange.objects.create(
+        batch=batch,
         experience=e,
         run_id=e.run_id,
         kind=kind,
@@ -250,6 +252,7 @@ def delete(
     kind: str = Kind.DELETE,
     user=None,
     merge: Merge | None = None,
+    batch: str = "",
 ) -> Experience:
     """Soft deletion: the row stays (history, undo, credit of its generation) but is never retrieved."""
     e = _locked(entry_id, run_id)
@@ -259,7 +262,7 @@ def delete(
     before = snapshot(e)
     e.deleted_at = timezone.now()
     _save_text(e)
-    _record(e, kind, actor, before, step=step, user=user, merge=merge)
+    _record(e, kind, actor, before, step=step, user=user, merge=merge, batch=batch)
     return e
 
 
@@ -351,6 +354,20 @@ def undo_merge(merge_id: int, embedder: Embedder, *, user=None) -> list[Experien
     merge.undone_at = timezone.now()
     merge.save(update_fields=["undone_at"])
     return undos
+
+
+@transaction.atomic
+def undo_batch(run_id: int | None, batch: str, embedder: Embedder, *, user=None) -> list[ExperienceChange]:
+    """Revert every change of one bulk action (a prune), newest first, all or nothing."""
+    lock_bank(run_id)
+    changes = list(
+        ExperienceChange.objects.select_for_update().filter(run_id=run_id, batch=batch).order_by("-id")
+    )
+    if not changes:
+        raise BankError("nothing to undo: no change belongs to that action")
+    if any(c.undone_by_id for c in changes):
+        raise BankError("that action was already undone")
+    return [_undo_one(c, embedder, user=user) for c in changes]
 
 
 # ---- merge -----------------------------------------------------------------------------------------

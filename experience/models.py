@@ -161,6 +161,9 @@ class ExperienceChange(models.Model):
     actor = models.CharField(max_length=16, choices=Actor.choices)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     merge = models.ForeignKey(Merge, on_delete=models.CASCADE, null=True, blank=True, related_name="changes")
+    batch = models.CharField(
+        max_length=32, blank=True, db_index=True, help_text="Groups the changes of one bulk action (a prune)."
+    )
     step = models.IntegerField(default=0)
     before = models.JSONField(null=True, blank=True, help_text="Snapshot before the change (None: created).")
     after = models.JSONField(default=dict)

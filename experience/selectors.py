@@ -61,7 +61,8 @@ def experience_text_search(
 
 @dataclass(frozen=True)
 class PruneRule:
-    """Which entries a bulk prune removes: those matching ANY of the set criteria. Pinned ones never."""
+    """Which entries a bulk prune removes: those matching ALL the set criteria (``combine="all"``, the
+    default) or ANY of them (``"any"``). Pinned ones never."""
 
     never_retrieved: bool = False
     """Entries no rollout ever retrieved."""
@@ -73,16 +74,25 @@ class PruneRule:
     """Entries last changed before this training step."""
     scope: str | None = None
     """Limit the prune to one scope."""
+    combine: str = "all"
+    """'all': an entry must match every set criterion (each one narrows); 'any': one is enough."""
 
     def condition(self) -> Q:
-        q = Q(pk__in=[])  # matches nothing: an empty rule prunes nothing
+        parts = []
         if self.never_retrieved:
-            q |= Q(retrieval_count=0)
+            parts.append(Q(retrieval_count=0))
         if self.success_rate_below is not None:
             total = F("guided_successes") + F("guided_failures")
-            q |= Q(guided_episodes__gte=self.min_guided, guided_successes__lt=self.success_rate_below * total)
+            parts.append(
+                Q(guided_episodes__gte=self.min_guided, guided_successes__lt=self.success_rate_below * total)
+            )
         if self.older_than_step is not None:
-            q |= Q(updated_step__lt=self.older_than_step)
+            parts.append(Q(updated_step__lt=self.older_than_step))
+        if not parts:
+            return Q(pk__in=[])  # matches nothing: an empty rule prunes nothing
+        q = parts[0]
+        for part in parts[1:]:
+            q = (q & part) if self.combine == "all" else (q | part)
         return q
 
 

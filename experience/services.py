@@ -7,13 +7,15 @@ interleaves with the extractor's operations or a merge.
 
 from __future__ import annotations
 
+import uuid
 from typing import IO
+
+from django.db import transaction
 
 from experience import bank, transfer
 from experience.embedding import Embedder, default_embedder
 from experience.manager import live_manager, write_access
 from experience.models import Experience, ExperienceChange, Merge
-from experience.selectors import PruneRule, experience_prune_preview
 
 Actor = ExperienceChange.Actor
 
@@ -59,13 +61,22 @@ def experience_delete(entry: Experience, *, user=None) -> Experience:
         return bank.delete(entry.pk, actor=Actor.PERSON, user=user)
 
 
-def experience_prune(run, rule: PruneRule, *, user=None) -> int:
-    """Delete what ``experience_prune_preview(run, rule)`` lists (pinned entries never); returns how many."""
+def experience_prune(run, ids: list[int], *, user=None) -> tuple[int, str]:
+    """Delete exactly the entries ``ids`` (the preview a person confirmed) that are still live and unpinned
+    in this run's bank, as one action; returns how many and the action's id for ``prune_undo``."""
+    batch = uuid.uuid4().hex
+    with write_access(run.pk), transaction.atomic():
+        live = Experience.objects.in_bank(run.pk).filter(pk__in=ids, pinned=False)
+        deleted = list(live.values_list("id", flat=True))
+        for entry_id in deleted:
+            bank.delete(entry_id, run_id=run.pk, actor=Actor.PERSON, user=user, step=run.step, batch=batch)
+    return len(deleted), batch
+
+
+def prune_undo(run, batch: str, *, user=None) -> int:
+    """Bring back every entry one prune deleted (all or nothing); returns how many."""
     with write_access(run.pk):
-        ids = list(experience_prune_preview(run, rule).values_list("id", flat=True))
-        for entry_id in ids:
-            bank.delete(entry_id, actor=Actor.PERSON, user=user)
-    return len(ids)
+        return len(bank.undo_batch(run.pk, batch, _embedder(run.pk), user=user))
 
 
 def experience_undo(change: ExperienceChange, *, user=None) -> ExperienceChange:

@@ -348,8 +348,13 @@ class ExperienceForm(forms.Form):
 
 
 class PruneForm(forms.Form):
-    """Bulk prune by rule: entries matching ANY criterion (pinned ones never). Preview first, then confirm."""
+    """Bulk prune by rule: entries matching ALL (or ANY) criteria, pinned ones never. Preview first, then
+    confirm: the confirmation carries the previewed ids, and exactly those are deleted."""
 
+    combine = forms.ChoiceField(
+        choices=[("all", "all of the criteria (each one narrows)"), ("any", "any one of the criteria")],
+        initial="all", required=False, label="Delete entries matching",
+    )  # fmt: skip
     never_retrieved = forms.BooleanField(required=False, label="Never retrieved")
     success_rate_below = forms.FloatField(
         required=False, min_value=0, max_value=1, label="Success rate when used below"
@@ -360,6 +365,7 @@ class PruneForm(forms.Form):
     older_than_step = forms.IntegerField(required=False, min_value=0, label="Last changed before step")
     scope = forms.CharField(required=False, max_length=100)
     confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
+    ids = forms.CharField(required=False, widget=forms.HiddenInput, validators=[RegexValidator(r"^[0-9,]*$")])
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -379,7 +385,11 @@ class PruneForm(forms.Form):
             min_guided=data["min_guided"] or 1,
             older_than_step=data["older_than_step"],
             scope=data["scope"] or None,
+            combine=data["combine"] or "all",
         )
+
+    def confirmed_ids(self) -> list[int]:
+        return [int(i) for i in self.cleaned_data["ids"].split(",") if i]
 
 
 class ImportForm(forms.Form):

@@ -19,6 +19,7 @@ urlpatterns = [
     path("runs/<int:run_id>/bank/<int:entry_id>/delete/", views_bank.bank_delete, name="bank_delete"),
     path("runs/<int:run_id>/bank/changes/<int:change_id>/undo/", views_bank.bank_undo, name="bank_undo"),
     path("runs/<int:run_id>/bank/prune/", views_bank.bank_prune, name="bank_prune"),
+    path("runs/<int:run_id>/bank/prune/undo/", views_bank.bank_prune_undo, name="bank_prune_undo"),
     path("runs/<int:run_id>/bank/merges/", views_bank.bank_merges, name="bank_merges"),
     path(
         "runs/<int:run_id>/bank/merges/<int:merge_id>/undo/",

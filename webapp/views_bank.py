@@ -21,6 +21,9 @@ from webapp.models import Run
 from webapp.selectors import bank_entries, bank_entry, bank_search_across, banks_overview, run_get
 from webapp.services import can_edit_bank
 
+PRUNE_PREVIEW = 2000
+"""Most entries one prune shows and deletes (prune again for more)."""
+
 
 def _editable_run(request: HttpRequest, run_id: int) -> Run:
     run = run_get(request.user, run_id)
@@ -44,6 +47,7 @@ def bank(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run, "form": form, "entries": entries, "can_edit": can_edit_bank(request.user, run),
         "scopes": bank_selectors.experience_scopes(run),
         "prune_form": PruneForm(), "import_form": ImportForm(),
+        "last_prune": _last_prune(request, run),
     }  # fmt: skip
     template = (
         "webapp/_bank_list.html"
@@ -131,17 +135,40 @@ def bank_undo(request: HttpRequest, run_id: int, change_id: int) -> HttpResponse
 
 
 def bank_prune(request: HttpRequest, run_id: int) -> HttpResponse:
-    """GET: the rule's preview (what would go). POST with confirm: prune exactly that rule."""
+    """GET: the rule's preview (what would go). POST with confirm: delete exactly the previewed entries (a
+    running run may have changed what the rule matches since), as one action that can be undone whole."""
     run = _editable_run(request, run_id)
     form = PruneForm(request.POST if request.method == "POST" else request.GET)
     if not form.is_valid():
         return render(request, "webapp/bank_prune.html", {"run": run, "form": form}, status=400)
     if request.method == "POST" and form.cleaned_data["confirm"]:
-        n = bank_services.experience_prune(run, form.rule(), user=request.user)
+        n, batch = bank_services.experience_prune(run, form.confirmed_ids(), user=request.user)
         messages.success(request, f"Pruned {n} entr{'y' if n == 1 else 'ies'}.")
+        request.session["last_prune"] = {"run": run.id, "batch": batch, "n": n}
         return redirect("bank", run_id=run.id)
-    preview = list(bank_selectors.experience_prune_preview(run, form.rule())[:500])
-    return render(request, "webapp/bank_prune.html", {"run": run, "form": form, "preview": preview})
+    preview = list(bank_selectors.experience_prune_preview(run, form.rule())[:PRUNE_PREVIEW])
+    ids = ",".join(str(e.pk) for e in preview)
+    context = {"run": run, "form": form, "preview": preview, "ids": ids, "limit": PRUNE_PREVIEW}
+    return render(request, "webapp/bank_prune.html", context)
+
+
+def _last_prune(request: HttpRequest, run: Run) -> dict | None:
+    last = request.session.get("last_prune")
+    return last if last and last.get("run") == run.id else None
+
+
+@require_POST
+def bank_prune_undo(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Bring back every entry of one prune (its id is in the confirmation message's undo button)."""
+    run = _editable_run(request, run_id)
+    batch = request.POST.get("batch", "")
+    try:
+        n = bank_services.prune_undo(run, batch, user=request.user)
+        messages.success(request, f"Undid the prune: {n} entr{'y' if n == 1 else 'ies'} back.")
+    except BankError as err:
+        messages.error(request, f"Nothing was undone: {err}")
+    request.session.pop("last_prune", None)
+    return redirect("bank", run_id=run.id)
 
 
 def bank_merges(request: HttpRequest, run_id: int) -> HttpResponse:

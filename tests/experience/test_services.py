@@ -93,11 +93,18 @@ def test_prune_preview_lists_exactly_what_prune_deletes(run, user, bank):
     assert [e.pk for e in experience_prune_preview(run, PruneRule(success_rate_below=0.5))] == [heat.pk]
     assert [e.pk for e in experience_prune_preview(run, PruneRule(older_than_step=5))] == [cool.pk]
     assert list(experience_prune_preview(run, PruneRule())) == []
-    rule = PruneRule(never_retrieved=True, success_rate_below=0.5)
+    either = PruneRule(never_retrieved=True, success_rate_below=0.5, combine="any")
+    both = PruneRule(success_rate_below=0.5, older_than_step=5)  # all criteria by default: each narrows
+    assert [e.pk for e in experience_prune_preview(run, both)] == []
+    assert [
+        e.pk for e in experience_prune_preview(run, PruneRule(success_rate_below=0.5, older_than_step=10))
+    ] == [heat.pk]
     services.experience_pin(shoes, user=user)  # pinned entries are never pruned
-    assert [e.pk for e in experience_prune_preview(run, rule)] == [heat.pk]
-    assert services.experience_prune(run, rule, user=user) == 1
-    assert [e.pk for e in experience_list(run)] == [shoes.pk, cool.pk]
+    assert [e.pk for e in experience_prune_preview(run, either)] == [heat.pk]
+    n, batch = services.experience_prune(run, [heat.pk, shoes.pk], user=user)  # exactly the ids confirmed
+    assert n == 1 and [e.pk for e in experience_list(run)] == [shoes.pk, cool.pk]
+    assert services.prune_undo(run, batch, user=user) == 1
+    assert sorted(e.pk for e in experience_list(run)) == sorted([heat.pk, shoes.pk, cool.pk])
 
 
 @pytest.mark.django_db(transaction=True)

@@ -4,6 +4,7 @@ undo, edit, pin, delete, prune with preview, merge history, JSONL export and imp
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -197,26 +198,50 @@ def test_prune_shows_a_preview_then_deletes_exactly_that_on_confirmation(client,
     client.force_login(editor)
     Experience.objects.filter(pk=entries[1].pk).update(pinned=True)  # never retrieved, but pinned: kept
     url = reverse("bank_prune", args=[run.id])
-    preview = client.get(url, {"never_retrieved": "on", "success_rate_below": "0.5", "min_guided": "2"})
-    page = preview.content.decode()
+    rule = {"never_retrieved": "on", "success_rate_below": "0.5", "min_guided": "2", "combine": "any"}
+    page = client.get(url, rule).content.decode()
     assert (
         "1 entry would be deleted" in page and "Buy cheap shoes" in page and "Avoid the monster" not in page
     )
-    assert Experience.objects.live().count() == 3  # a preview changes nothing
-    confirm = {
+    assert "any one" in page and Experience.objects.live().count() == 3  # a preview changes nothing
+    ids = re.search(r'name="ids" value="([0-9,]*)"', page).group(1)
+    confirm = rule | {
         "never_retrieved": "True",
-        "success_rate_below": "0.5",
-        "min_guided": "2",
         "older_than_step": "",
         "scope": "",
         "confirm": "1",
+        "ids": ids,
     }
     page = client.post(url, confirm, follow=True).content.decode()
-    assert "Pruned 1 entry" in page
+    assert "Pruned 1 entry" in page and "Undo the last prune (1 entries)" in page
     assert set(Experience.objects.live().values_list("title", flat=True)) == {
         "Open doors with keys",
         "Avoid the monster",
     }
+    page = client.post(reverse("bank_prune_undo", args=[run.id]),
+                       {"batch": re.search(r'name="batch" value="([0-9a-f]+)"', page).group(1)},
+                       follow=True).content.decode()  # fmt: skip
+    assert "1 entry back" in page and Experience.objects.live().count() == 3
+
+
+def test_prune_criteria_narrow_by_default_and_confirming_deletes_only_the_previewed_ids(
+    client, editor, run, entries
+):
+    client.force_login(editor)
+    url = reverse("bank_prune", args=[run.id])
+    assert (
+        "0 entries would be deleted"
+        in client.get(url, {"never_retrieved": "on", "older_than_step": "1"}).content.decode()
+    )  # never retrieved (entry 1) AND changed before step 1 (none): nothing
+    both = {"never_retrieved": "on", "older_than_step": "2"}
+    page = client.get(url, both).content.decode()
+    previewed = {int(i) for i in re.search(r'name="ids" value="([0-9,]*)"', page).group(1).split(",") if i}
+    assert previewed == {entries[1].pk}
+    Experience.objects.filter(pk=entries[0].pk).update(retrieval_count=0, updated_step=0)  # the run moves on
+    confirm = both | {"confirm": "1", "ids": ",".join(map(str, previewed)), "combine": "all"}
+    client.post(url, confirm)
+    gone = set(Experience.objects.filter(deleted_at__isnull=False).values_list("pk", flat=True))
+    assert gone == previewed  # not entries[0], which matches the rule only now
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ manage.py experience_bank stats RUN
 manage.py experience_bank export RUN [--scope S] [-o bank.jsonl]
 manage.py experience_bank import RUN bank.jsonl
 manage.py experience_bank prune RUN [--never-retrieved] [--success-below 0.3 --min-guided 4]
-                                    [--older-than-step 100] [--scope S] [--dry-run]
-manage.py experience_bank undo CHANGE_ID | --merge MERGE_ID
+                                    [--older-than-step 100] [--scope S] [--any] [--dry-run]
+manage.py experience_bank undo CHANGE_ID | --merge MERGE_ID | --prune RUN:PRUNE_ID
 """
 
 from __future__ import annotations
@@ -46,9 +46,14 @@ class Command(BaseCommand):
         prune.add_argument("--older-than-step", type=int)
         prune.add_argument("--scope")
         prune.add_argument("--dry-run", action="store_true", help="List what would go, delete nothing.")
+        prune.add_argument(
+            "--any", dest="any_rule", action="store_true",
+            help="Delete entries matching ANY criterion (default: ALL of them).",
+        )  # fmt: skip
         undo = sub.add_parser("undo")
         undo.add_argument("change", type=int, nargs="?")
         undo.add_argument("--merge", type=int)
+        undo.add_argument("--prune", help="RUN:PRUNE_ID, as printed by prune: bring back all it deleted")
 
     def handle(self, *args, action: str, **opts) -> None:
         try:
@@ -93,12 +98,21 @@ class Command(BaseCommand):
         self.stdout.write(f"imported {n} entries into run {run.pk}")
 
     def _prune(
-        self, run: int, scope, never_retrieved, success_below, min_guided, older_than_step, dry_run, **_
+        self,
+        run: int,
+        scope,
+        never_retrieved,
+        success_below,
+        min_guided,
+        older_than_step,
+        dry_run,
+        any_rule,
+        **_,
     ):
         run = self._run(run)
         rule = PruneRule(
             never_retrieved=never_retrieved, success_rate_below=success_below, min_guided=min_guided,
-            older_than_step=older_than_step, scope=scope,
+            older_than_step=older_than_step, scope=scope, combine="any" if any_rule else "all",
         )  # fmt: skip
         doomed = list(experience_prune_preview(run, rule))
         for e in doomed:
@@ -106,10 +120,17 @@ class Command(BaseCommand):
         if dry_run:
             self.stdout.write(f"would delete {len(doomed)} entries")
             return
-        self.stdout.write(f"deleted {services.experience_prune(run, rule)} entries")
+        n, batch = services.experience_prune(run, [e.pk for e in doomed])
+        self.stdout.write(
+            f"deleted {n} entries (undo them all: experience_bank undo --prune {run.pk}:{batch})"
+        )
 
-    def _undo(self, change: int | None, merge: int | None, **_) -> None:
-        if merge is not None:
+    def _undo(self, change: int | None, merge: int | None, prune: str | None, **_) -> None:
+        if prune is not None:
+            run_id, _, batch = prune.partition(":")
+            n = services.prune_undo(self._run(int(run_id)), batch)
+            self.stdout.write(f"prune {batch} undone: {n} entries back")
+        elif merge is not None:
             services.merge_undo(Merge.objects.get(pk=merge))
             self.stdout.write(f"merge {merge} undone")
         elif change is not None:
