@@ -238,6 +238,7 @@ class CoevolutionLoop(TrainingLoop):
     extractor_update: ExtractorUpdate | None = None
     """None when πϕ is frozen (static_online)."""
     track: ExtractorTrack = field(init=False)
+    last_train: Metrics = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -272,6 +273,8 @@ class CoevolutionLoop(TrainingLoop):
         try:
             last = super().run()
             self.track.drain()
+            if self.last_train:  # the last step's row again, with the extractor's work on it finished
+                self.reporter.on_step(self.step, self.last_train)
             return last | self.experience_metrics()
         finally:
             self.track.close(timeout=60)
@@ -281,7 +284,7 @@ class CoevolutionLoop(TrainingLoop):
         self.retriever.active = step > self.cfg.experience.warmup_steps
         if self.tool is not None:
             self.tool.step = step
-        metrics = super().train_step(step)
+        metrics = self.last_train = super().train_step(step)
         if self.cfg.merges and step % self.cfg.experience.merge_every == 0:
             self.track.request_merge(step)
         return metrics

@@ -357,3 +357,15 @@ def test_bank_quality_replays_the_banks_history_step_by_step(tmp_path):
     q = {row["step"]: row for row in bank_quality(run.changes)}
     assert q[1]["entries"] == 2 and q[1]["good"] == pytest.approx(0.5)  # "Nothing happened." is not
     assert q[2]["entries"] == 2 and q[2]["good"] == pytest.approx(1.0)  # the merge removed it
+
+
+def test_a_report_without_experience_still_has_every_section_saying_why_it_is_empty(tmp_path):
+    write_fake_grid(tmp_path)
+    for d in (tmp_path / "runs").glob("complementary-*"):
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    md = (build_report(tmp_path) / "report.md").read_text()
+    for line in ("No run used experience.", "No guided episode was recorded.", "No merge pass ran.",
+                 "No bank entry was written.", "No run used the extractor."):  # fmt: skip
+        assert line in md, line

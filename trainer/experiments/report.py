@@ -280,7 +280,7 @@ def table1_section(runs: Sequence[RunResult]) -> str:
 def guided_free_section(runs: Sequence[RunResult], out: Path) -> str:
     rs = [r for r in runs if r.uses_experience]
     if not rs:
-        return ""
+        return "### Guided vs free training success\n\nNo run used experience.\n"
     lines = [
         "### Guided vs free training success",
         "",
@@ -355,7 +355,9 @@ def entry_titles(changes: Sequence[dict[str, Any]]) -> dict[int, str]:
 def usefulness_section(runs: Sequence[RunResult]) -> str:
     rs = [r for r in runs if r.uses_experience and r.episodes]
     if not rs:
-        return ""
+        return (
+            "### Entries: success when retrieved vs the free base rate\n\nNo guided episode was recorded.\n"
+        )
     lines = [
         "### Entries: success when retrieved vs the free base rate",
         "",
@@ -478,7 +480,7 @@ def merge_section(runs: Sequence[RunResult]) -> str:
                 ]
             )
     if not rows:
-        return ""
+        return "### Merge passes\n\nNo merge pass ran.\n"
     return "\n".join(
         [
             "### Merge passes",
@@ -567,7 +569,7 @@ def bank_quality(changes: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
 def quality_section(runs: Sequence[RunResult], out: Path) -> str:
     rs = [r for r in runs if r.changes]
     if not rs:
-        return ""
+        return "### Bank quality (mechanical rule)\n\nNo bank entry was written.\n"
     lines = [
         "### Bank quality (mechanical rule)",
         "",
@@ -636,7 +638,7 @@ def extractor_rows(r: RunResult) -> dict[str, Any]:
 def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
     rs = [r for r in runs if r.uses_experience]
     if not rs:
-        return ""
+        return "## 4. What the extractor did\n\nNo run used the extractor.\n"
     rows = [extractor_rows(r) for r in rs]
     lines = [
         "## 4. What the extractor did",
@@ -794,7 +796,7 @@ def build_report(folder: Path, out_dir: Path | None = None) -> Path:
         table1_section(runs),
         "## 3. What the experience did",
         "",
-        *([p for p in experience if p] or ["No run used experience."]),
+        *experience,
         extractor_section(runs, out),
         cost_md,
     ]
