@@ -139,6 +139,8 @@ def parse_distil(text: str, *, max_ops: int = 3, can_update: bool = True) -> Par
 
 
 MIN_CONTENT_WORDS = 4
+MIN_DISTINCT_WORDS = 0.35
+"""Content whose distinct words are fewer than this share of its words is a degenerate loop."""
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -148,8 +150,10 @@ def _words(text: str) -> tuple[str, ...]:
 def _uninformative(title: str, content: str, seen: Sequence[tuple[str, ...]]) -> str | None:
     """Why an entry is not worth storing, or None."""
     words = _words(content)
-    if len(words) < MIN_CONTENT_WORDS:
-        return f"content of {len(words)} words says nothing reusable"
+    if sum(w.isalpha() for w in words) < MIN_CONTENT_WORDS:
+        return f"content of {sum(w.isalpha() for w in words)} words says nothing reusable"
+    if len(words) >= 8 and len(set(words)) / len(words) < MIN_DISTINCT_WORDS:
+        return "content repeats itself"
     if words == _words(title):
         return "content repeats the title"
     if _words(f"{title} {content}") in seen:

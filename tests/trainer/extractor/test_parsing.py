@@ -151,9 +151,12 @@ def test_repeated_and_uninformative_operations_are_dropped_with_their_reason():
         {"op": "add", "title": "It's solid stone", "content": "It's solid stone"},
         {"op": "add", "title": "Dots", "content": "..."},
         {"op": "add", "title": "t", "content": "{{lessonEnd}} ."},
+        {"op": "add", "title": "Numbers", "content": "46.5, 17.1, 23, 20, 22, 24, 26"},
+        {"op": "add", "title": "Loop", "content": "Splendor-of-" * 20},
     ]
     out = parsing.parse_distil(json.dumps({"operations": ops}), max_ops=10)
     assert [o.title for o in out.items] == ["Walk to >"] and out.ok
     reasons = " | ".join(out.errors)
     assert "repeats an earlier operation" in reasons and "repeats the title" in reasons
-    assert reasons.count("says nothing reusable") == 3  # "Nothing happened.", "...", "{{lessonEnd}} ."
+    assert reasons.count("says nothing reusable") == 4  # "Nothing happened.", "...", "{{lessonEnd}} .", numbers
+    assert "content repeats itself" in reasons
