@@ -31,7 +31,7 @@ from webapp.models import Experiment, Run
 
 def results_root() -> Path:
     """Where experiments' result files and reports go (``docs/experiments`` in the checkout)."""
-    return Path(getattr(settings, "EXPERIMENT_RESULTS_DIR", settings.BASE_DIR / "docs" / "experiments"))
+    return Path(settings.EXPERIMENT_RESULTS_DIR)
 
 
 def results_dir(name: str) -> Path:
@@ -190,7 +190,33 @@ def experiment_run(
 
 
 def train_cell_here(run: Run) -> str:
-    """Train a queued cell's run in this process, as a worker would."""
+    """Train a queued cell's run on this machine, in a child process of its own (``experiment train-run``):
+    every cell starts from the code as it is now and gives its memory back when it ends, and a cell killed
+    (out of memory, a signal) fails alone while the grid goes on."""
+    import os
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    env = os.environ | {  # the child works on this process's database and result folder
+        "STUDIO_DB_NAME": connection.settings_dict["NAME"],
+        "STUDIO_EXPERIMENT_RESULTS": str(results_root()),
+    }
+    child = subprocess.run(
+        [sys.executable, str(settings.BASE_DIR / "manage.py"), "experiment", "train-run", str(run.pk)],
+        cwd=settings.BASE_DIR, env=env,
+    )  # fmt: skip
+    run.refresh_from_db()
+    if child.returncode != 0 and run.status == Run.Status.RUNNING:
+        why = f"killed by signal {-child.returncode}" if child.returncode < 0 else f"exit {child.returncode}"
+        run.mark_failed(f"The training process ended without finishing the run ({why}); run the "
+                        "experiment again to resume it from its last checkpoint.")  # fmt: skip
+    return run.status
+
+
+def train_claimed_run(run: Run) -> str:
+    """Claim and train one queued run in this process, as a worker would; a failure ends as its message."""
     import socket
 
     from webapp.tasks import failure_message

@@ -99,6 +99,8 @@ TEMPLATES = [
 # ---- database ------------------------------------------------------------------------------
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60)}
+    if os.environ.get("STUDIO_DB_NAME"):  # a child process working on its parent's (e.g. test) database
+        DATABASES["default"]["NAME"] = os.environ["STUDIO_DB_NAME"]
 else:
     DATABASES = {
         "default": {
@@ -135,6 +137,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+
+EXPERIMENT_RESULTS_DIR = Path(os.environ.get("STUDIO_EXPERIMENT_RESULTS", BASE_DIR / "docs" / "experiments"))
+"""Where finished experiment cells copy their small result files, and reports are written."""
 
 # ---- models a launch may name ---------------------------------------------------------------
 STUDIO_MODEL_DIRS = [p for p in os.environ.get("STUDIO_MODEL_DIRS", "").split(os.pathsep) if p]

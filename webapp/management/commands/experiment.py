@@ -30,11 +30,15 @@ class Command(BaseCommand):
         report = sub.add_parser("report", help="build the report from the result files")
         report.add_argument("name", help="the experiment's name (its folder under docs/experiments/)")
         report.add_argument("--out", type=Path, help="report folder [docs/experiments/NAME/report]")
+        one = sub.add_parser(
+            "train-run", help="claim and train one queued cell's run here (run --here uses it)"
+        )
+        one.add_argument("run_id", type=int)
 
     def handle(self, *args, **options) -> None:
         self.stdout.ending = "\n"
         try:
-            getattr(self, f"_{options['action']}")(options)
+            getattr(self, f"_{options['action'].replace('-', '_')}")(options)
         except ConfigError as err:
             raise CommandError(str(err)) from err
 
@@ -53,6 +57,18 @@ class Command(BaseCommand):
             )
         experiment_run(spec, owner, here=options["here"], only=options["only"], say=self._say)
 
+    def _train_run(self, options) -> None:
+        from webapp.experiments import train_claimed_run
+        from webapp.models import Run
+
+        run = Run.objects.filter(pk=options["run_id"]).first()
+        if run is None:
+            raise CommandError(f"no run {options['run_id']}")
+        status = train_claimed_run(run)
+        self._say(f"run {run.pk}: {status}")
+        if status != Run.Status.SUCCEEDED:
+            raise CommandError(f"run {run.pk} did not succeed: {status}")
+
     def _status(self, options) -> None:
         from webapp.experiments import experiment_cells
         from webapp.models import Experiment
@@ -70,7 +86,6 @@ class Command(BaseCommand):
 
     def _report(self, options) -> None:
         from trainer.experiments.report import build_report
-
         from webapp.experiments import results_dir
 
         folder = results_dir(options["name"])
