@@ -29,6 +29,16 @@ PASSWORD = "correct horse battery"
 TINY_RUN = "rollout.max_new_tokens=8\nrollout.kv_cache_gib=0.25\neval_episodes=1\ncheckpoint_every=0"
 
 
+def _wait_for_js(page, expression: str, timeout_s: float, interval_ms: int) -> None:
+    """Poll a page expression from here: the pages' Content-Security-Policy forbids the string eval that
+    Playwright's own ``wait_for_function`` runs inside the page."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{expression} still false after {timeout_s} s")
+        page.wait_for_timeout(interval_ms)
+
+
 def _shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
@@ -209,9 +219,7 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     # a worker comes online and trains it: the open page draws the real step and the final status
     page.wait_for_selector("#live-state.live")
     with worker_on(training_queue):
-        page.wait_for_function(
-            "window.studioRun?.series?.train?.step?.at(-1) === 1", polling=500, timeout=600_000
-        )
+        _wait_for_js(page, "window.studioRun?.series?.train?.step?.at(-1) === 1", 600, interval_ms=500)
         page.wait_for_selector("#run-status.succeeded", timeout=300_000)
     assert page.inner_text("#run-step") == "1"
     page.wait_for_selector("#latest-eval:has-text('eval/success')")  # the final evaluation, swapped in live
@@ -233,7 +241,7 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     sent = time.monotonic()
     with ThreadPoolExecutor(1) as pool:  # as a worker would, outside Playwright's event loop
         pool.submit(broadcast_run_event, live.id, metric_event(row)).result()
-    page.wait_for_function("window.studioRun.series.train.step.at(-1) === 5", polling="raf")
+    _wait_for_js(page, "window.studioRun.series.train.step.at(-1) === 5", 30, interval_ms=10)
     latency = time.monotonic() - sent
     assert page.inner_text("#run-step") == "5"
     print(f"live update reached the page {latency * 1000:.0f} ms after the broadcast")

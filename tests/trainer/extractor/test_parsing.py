@@ -158,5 +158,7 @@ def test_repeated_and_uninformative_operations_are_dropped_with_their_reason():
     assert [o.title for o in out.items] == ["Walk to >"] and out.ok
     reasons = " | ".join(out.errors)
     assert "repeats an earlier operation" in reasons and "repeats the title" in reasons
-    assert reasons.count("says nothing reusable") == 4  # "Nothing happened.", "...", "{{lessonEnd}} .", numbers
+    assert (
+        reasons.count("says nothing reusable") == 4
+    )  # "Nothing happened.", "...", "{{lessonEnd}} .", numbers
     assert "content repeats itself" in reasons
