@@ -52,10 +52,6 @@ class CellState:
     def status(self) -> str:
         return self.run.display_status if self.run else "not started"
 
-    @property
-    def done(self) -> bool:
-        return self.run is not None and self.run.status == Run.Status.SUCCEEDED
-
 
 def experiment_sync(spec: ExperimentSpec, owner, *, shared: bool = True) -> Experiment:
     """The experiment's row, created (owned by ``owner``) or brought up to date with its file."""
@@ -213,22 +209,6 @@ def train_cell_here(run: Run) -> str:
         run.mark_failed(f"The training process ended without finishing the run ({why}); run the "
                         "experiment again to resume it from its last checkpoint.")  # fmt: skip
     return run.status
-
-
-def train_claimed_run(run: Run) -> str:
-    """Claim and train one queued run in this process, as a worker would; a failure ends as its message."""
-    import socket
-
-    from webapp.tasks import failure_message
-    from webapp.training import run_training
-
-    if not run.claim(worker=f"experiment@{socket.gethostname()}"):
-        return f"not claimed: {run.display_status}"
-    try:
-        return run_training(run)
-    except Exception as exc:
-        run.mark_failed(failure_message(exc))
-        return f"failed: {type(exc).__name__}: {exc}"
 
 
 # ---- result files ---------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import traceback
@@ -11,8 +10,6 @@ from celery import shared_task
 
 from webapp.events import broadcast_run_event
 from webapp.models import Run
-
-log = logging.getLogger(__name__)
 
 
 @shared_task
@@ -35,20 +32,14 @@ def train_run(self, run_id: int) -> str:
     A run whose worker died (heartbeat stale) is claimed again when its task is redelivered, and
     resumes from its last checkpoint.
     """
-    from webapp.training import run_training  # the trainer (torch, vLLM) loads only on workers
+    from webapp.training import claim_and_train  # the trainer (torch, vLLM) loads only on workers
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return f"run {run_id} does not exist"
-    if not run.claim(worker=self.request.hostname or socket.gethostname()):
-        return f"run {run_id} not claimed: {run.status}"
-    try:
-        status = run_training(run)
-    except Exception as exc:  # noqa: BLE001 - every failure ends as a readable message on the run
-        log.exception("run %s failed", run_id)
-        run.mark_failed(failure_message(exc))
-        status = Run.Status.FAILED
-    broadcast_run_event(run_id, {"kind": "status", "status": status})
+    status = claim_and_train(run, worker=self.request.hostname or socket.gethostname())
+    if status in Run.Status.values:  # it was claimed here and has ended
+        broadcast_run_event(run_id, {"kind": "status", "status": status})
     return status
 
 

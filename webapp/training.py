@@ -5,6 +5,7 @@ Imported only by the worker's task (it loads torch and the trainer).
 
 from __future__ import annotations
 
+import logging
 import platform
 import subprocess
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from trainer.report import ConsoleReporter, Reporter
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
+
+log = logging.getLogger(__name__)
 
 
 def run_dir(run: Run) -> Path:
@@ -53,11 +56,6 @@ def _resume_point(run: Run, out_dir: Path) -> Path | None:
     return Path(run.resume_from) if run.resume_from else None
 
 
-def _already_trained(cfg: RunConfig, resume: Path | None, out_dir: Path) -> bool:
-    """The run's own last checkpoint is its final step: it died after training, before it was marked done."""
-    return resume == out_dir and read_checkpoint(out_dir).step >= cfg.steps
-
-
 def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequence[Reporter] = ()) -> str:
     """Train ``run`` to the end or until cancelled; return its final status.
 
@@ -68,12 +66,13 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     cfg = RunConfig.from_dict(run.config)
     out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
-    if _already_trained(cfg, resume, out_dir):
+    own_step = read_checkpoint(out_dir).step if resume == out_dir else 0
+    if own_step >= cfg.steps:  # it died after its last step, before it was marked done
         return _finish(run, Run.Status.SUCCEEDED)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume is None or resume == out_dir:  # a restart in its own folder: drop what the last try left
-        rewind(run, read_checkpoint(out_dir).step if resume else 0)
+        rewind(run, own_step)
     with ExitStack() as stack:
         stack.enter_context(Heartbeat(run.pk))
         log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
@@ -84,6 +83,21 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
         train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, **extra)
     cancelled = Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
     return _finish(run, Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED)
+
+
+def claim_and_train(run: Run, *, worker: str) -> str:
+    """Claim ``run`` for ``worker`` and train it here (the Celery task and ``experiment train-run``): its
+    final status, a note when another worker has it, or ``failed`` with the reason stored on the run."""
+    from webapp.tasks import failure_message
+
+    if not run.claim(worker=worker):
+        return f"run {run.pk} not claimed: {run.status}"
+    try:
+        return run_training(run)
+    except Exception as exc:  # noqa: BLE001 - every failure ends as a readable message on the run
+        log.exception("run %s failed", run.pk)
+        run.mark_failed(failure_message(exc))
+        return Run.Status.FAILED
 
 
 def rewind(run: Run, step: int) -> None:

@@ -231,10 +231,8 @@ def _plot_eval(arms: dict[str, list[RunResult]], path: Path) -> None:
             highs = [iv.high if math.isfinite(iv.high) else iv.mean for iv in ivs]
             ax.fill_between(steps, lows, highs, alpha=0.2, color=line.get_color())
         ax.set_title(f"eval success, {label}")
-        ax.set_xlabel("actor step")
+        _step_axis(ax)
         ax.set_ylim(-0.05, 1.05)
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].set_ylabel("success (mean over seeds, 95% t-band)")
     axes[0].legend(fontsize=8)
     _save(fig, path)
@@ -309,9 +307,8 @@ def guided_free_section(runs: Sequence[RunResult], out: Path) -> str:
             steps, ivs = _train_curve(group, f"train/{kind}/success")
             if steps:
                 ax.plot(steps, [iv.mean for iv in ivs], style, label=f"{arm} {kind}")
-    ax.set_xlabel("actor step")
+    _step_axis(ax)
     ax.set_ylabel("training success (mean over seeds)")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.xaxis.get_major_locator().set_params(integer=True)
     _save(fig, out / "guided_free.png")
@@ -601,10 +598,9 @@ def quality_section(runs: Sequence[RunResult], out: Path) -> str:
     lines.append(
         _table(["run", "step", "entries", "names an action", "names an object", "duplicates", "good"], rows)
     )
-    ax.set_xlabel("actor step")
+    _step_axis(ax)
     ax.set_ylabel("share of good entries")
     ax.set_ylim(-0.05, 1.05)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     _save(fig, out / "bank_quality.png")
     return "\n".join([*lines, "", "![bank quality](bank_quality.png)", ""])
@@ -695,9 +691,7 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
     axes[0].set_title("buffer fill (generations waiting)")
     axes[1].set_title("CISPO steps with signal (cumulative)")
     for ax in axes:
-        ax.set_xlabel("actor step")
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        _step_axis(ax)
     axes[1].legend(fontsize=7)
     _save(fig, out / "extractor.png")
     return "\n".join([*lines, "", "![extractor](extractor.png)", ""])
@@ -819,6 +813,13 @@ def _write_summary(path: Path, eval_rows: list[dict[str, Any]], cost_rows: list[
 
 def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _step_axis(ax: Any) -> None:
+    """An x-axis of actor steps: labelled, whole numbers only, a light grid."""
+    ax.set_xlabel("actor step")
+    ax.grid(alpha=0.3)
+    ax.xaxis.get_major_locator().set_params(integer=True)
 
 
 def _pyplot():

@@ -58,13 +58,15 @@ class Command(BaseCommand):
         experiment_run(spec, owner, here=options["here"], only=options["only"], say=self._say)
 
     def _train_run(self, options) -> None:
-        from webapp.experiments import train_claimed_run
+        import socket
+
         from webapp.models import Run
+        from webapp.training import claim_and_train
 
         run = Run.objects.filter(pk=options["run_id"]).first()
         if run is None:
             raise CommandError(f"no run {options['run_id']}")
-        status = train_claimed_run(run)
+        status = claim_and_train(run, worker=f"experiment@{socket.gethostname()}")
         self._say(f"run {run.pk}: {status}")
         if status != Run.Status.SUCCEEDED:
             raise CommandError(f"run {run.pk} did not succeed: {status}")
