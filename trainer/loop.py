@@ -2,7 +2,9 @@
 
 sample task instances → rollout (retrieval inside, for guided episodes) → score → advantages and actor
 update → weight sync → report; evaluate every ``eval_every`` steps on the env's frozen eval split through
-the same runner with greedy decoding; checkpoint every ``checkpoint_every`` steps and at the end.
+the same runner with greedy decoding; checkpoint every ``checkpoint_every`` steps, after every evaluation,
+once ``checkpoint_minutes`` have passed since the last one, and at the end. A set ``cancel`` token stops the
+loop at its next cancellation point (``trainer.cancel``) with neither evaluation nor checkpoint.
 
 The background extractor track (DESIGN §3.4) will run beside this loop and never block it; it reaches the
 loop only through the ``retrieve`` callable and the reporter's episode batches.
@@ -13,13 +15,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer.actor import ActorUpdate
+from trainer.cancel import Cancelled, CancelToken
 from trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trainer.config import RunConfig
 from trainer.envs.base import make_env, make_mixture
@@ -62,13 +65,25 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str) -> Metrics:
     }
 
 
-def score(episodes: Sequence[Episode]) -> Metrics:
-    """Training-batch metrics, split into guided and free halves when both are present."""
-    metrics = episode_metrics(episodes, "train/")
+def batch_metrics(episodes: Sequence[Episode], prefix: str, envs: Sequence[str] = ()) -> Metrics:
+    """``episode_metrics`` of the batch, and per env (``<prefix><env>/``) for mixtures (``envs``: its envs;
+    an env the step did not sample has no keys)."""
+    metrics = episode_metrics(episodes, prefix)
+    for name in envs if len(envs) > 1 else ():
+        mine = [e for e in episodes if e.spec.env_name == name]
+        if mine:
+            metrics |= episode_metrics(mine, f"{prefix}{name}/")
+    return metrics
+
+
+def score(episodes: Sequence[Episode], envs: Sequence[str] = ()) -> Metrics:
+    """Training-batch metrics, split into guided and free halves when both are present, per env of a
+    mixture as well (``train/<env>/success``, ``train/guided/<env>/success``, as eval names them)."""
+    metrics = batch_metrics(episodes, "train/", envs)
     guided = [e for e in episodes if e.spec.guided]
     if guided and len(guided) < len(episodes):
-        metrics |= episode_metrics(guided, "train/guided/")
-        metrics |= episode_metrics([e for e in episodes if not e.spec.guided], "train/free/")
+        metrics |= batch_metrics(guided, "train/guided/", envs)
+        metrics |= batch_metrics([e for e in episodes if not e.spec.guided], "train/free/", envs)
     return metrics
 
 
@@ -85,11 +100,15 @@ class TrainingLoop:
     actor: ActorUpdate
     start_step: int = 1
     retrieve: Retriever | None = None
+    cancel: CancelToken = field(default_factory=CancelToken)
 
     def __post_init__(self) -> None:
         r = self.cfg.rollout
         options = dict(max_new_tokens=r.max_new_tokens, top_p=r.top_p, turn_limit=r.turn_limit)
-        options |= dict(context_tokens=r.context_tokens)
+        options |= dict(context_tokens=r.context_tokens, cancel=self.cancel)
+        self.actor.cancel = self.cancel
+        self.cancelled = False
+        self.checkpointed_at = time.monotonic()
         self.runner = EpisodeRunner(self.engine, self.tokenizer, temperature=r.temperature, **options)
         self.eval_runner = EpisodeRunner(self.engine, self.tokenizer, split="eval", **options)
         self.last_checkpoint: Path | None = None
@@ -101,31 +120,35 @@ class TrainingLoop:
         last: Metrics = {}
         if self.start_step == 1:
             last |= self.evaluate(0)
-        step = self.start_step - 1
         try:
             for step in range(self.start_step, cfg.steps + 1):
                 last |= self.train_step(step)
+                self.cancel.check()
                 stopping = self.reporter.should_stop()
-                if step == cfg.steps or stopping or (cfg.eval_every and step % cfg.eval_every == 0):
+                evaluates = step == cfg.steps or stopping or (cfg.eval_every and step % cfg.eval_every == 0)
+                if evaluates:
                     last |= self.evaluate(step)
-                if (
-                    step == cfg.steps
-                    or stopping
-                    or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                ):
+                if evaluates or self.checkpoint_due(step):
                     self.checkpoint(step)
                 if stopping:
                     break
+        except Cancelled:
+            self.cancelled = True
         finally:
             self.runner.close()
             self.eval_runner.close()
         return last
 
+    def checkpoint_due(self, step: int) -> bool:
+        every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
+        overdue = minutes > 0 and time.monotonic() - self.checkpointed_at >= 60 * minutes
+        return bool(every and step % every == 0) or overdue
+
     def train_step(self, step: int) -> Metrics:
         t0 = time.perf_counter()
         specs = sample_tasks(self.cfg, step)
         episodes, stats = self.runner.run(specs, retrieve=self.retrieve)
-        metrics = score(episodes) | stats.as_metrics()
+        metrics = score(episodes, make_mixture(self.cfg.env).names) | stats.as_metrics()
         metrics["time/rollout_s"] = stats.wall_s
         if self.cfg.actor_trains:
             metrics |= self.actor.step(episodes)
@@ -164,6 +187,11 @@ class TrainingLoop:
             optimizer=self.actor.optimizer,
             engine_version=self.engine.weight_version,
             config=self.cfg,
+            extra=self.save_more,
         )
+        self.checkpointed_at = time.monotonic()
         prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
         return self.last_checkpoint
+
+    def save_more(self, folder: Path) -> None:
+        """Write more parts of a checkpoint into its (not yet final) ``folder``; nothing here."""
