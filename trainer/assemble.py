@@ -37,6 +37,7 @@ from trainer.report import ConsoleReporter, EpisodeLogReporter, JsonlReporter, R
 from trainer.rollout.base import Engine, engine_from_config
 from trainer.rollout.runner import Retriever
 from trainer.store import ExperienceStore
+from trainer.trackers import tracker_reporters
 
 
 def build_engine(cfg: RunConfig) -> Engine:
@@ -152,12 +153,15 @@ def train(
             engine = build_engine(cfg)
             owned.callback(engine.close)
         sync_if_stale(actor, engine, state)
+        trackers = tracker_reporters(cfg, out_dir)
+        for tracker in trackers:
+            owned.callback(tracker.close)
         common = dict(
             engine=engine,
             model=model,
             tokenizer=tokenizer,
             out_dir=out_dir,
-            reporter=reporter or file_reporters(out_dir, ConsoleReporter()),
+            reporter=Reporters(reporter or file_reporters(out_dir, ConsoleReporter()), *trackers),
             actor=actor,
             start_step=state.step + 1 if state else 1,
         )

@@ -371,6 +371,15 @@ class RolloutConfig(_Section):
 
 
 @dataclass(frozen=True)
+class TrackingConfig(_Section):
+    """Trackers a run writes to besides its metric rows and ``metrics.jsonl`` (``trainer.trackers``)."""
+
+    tensorboard: bool = False
+    """Also write TensorBoard event files into the run's folder (``tensorboard/``), step by step: view them
+    with ``tensorboard --logdir <run folder>``."""
+
+
+@dataclass(frozen=True)
 class RunConfig(_Section):
     """One training run: what to train on, which method, and every hyper-parameter."""
 
@@ -415,6 +424,8 @@ class RunConfig(_Section):
     """The experience bank."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation and episodes."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Extra metric trackers (TensorBoard)."""
 
     def __post_init__(self) -> None:
         _require(bool(self.env), "env must name an environment or a task mixture")
