@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import losses
+from trainer.cancel import CancelToken
 from trainer.config import ActorConfig
 from trainer.rollout.base import Engine, sequence_logprobs
 from trainer.rollout.runner import Episode, Segment
@@ -108,6 +109,8 @@ class ActorUpdate:
         self.max_engine_diff = max_engine_diff
         self.policy_loss = losses.get_policy_loss(cfg.policy_loss)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.cancel = CancelToken()
+        """Checked between micro-batches; the loop hands it its own token."""
         if cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
 
@@ -137,6 +140,7 @@ class ActorUpdate:
         sums = {"clip_frac": 0.0, "approx_kl": 0.0}
         old: list[torch.Tensor] = []
         for i, mb in enumerate(mbs):
+            self.cancel.check()
             logp = _pad(self._logp(mb), torch.float32)  # (B, T) over response ids
             old.append(recomputed[i] if recomputed is not None else logp.detach())
             mask = _pad([r.segment.mask for r in mb], torch.float32)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from trainer.actor import ActorUpdate
+from trainer.cancel import CancelToken
 from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
 from trainer.coevolution import STATE_FILE, CoevolutionLoop
 from trainer.config import ConfigError, RunConfig
@@ -130,6 +131,7 @@ def train(
     retrieve: Retriever | None = None,
     store: ExperienceStore | None = None,
     extractor_engine: Engine | None = None,
+    cancel: CancelToken | None = None,
 ) -> tuple[Metrics, TrainingLoop]:
     """Train ``cfg``, writing checkpoints, ``metrics.jsonl`` and ``episodes.jsonl`` under ``out_dir``.
 
@@ -137,6 +139,7 @@ def train(
     checkpoint's except ``steps``. ``store``: the run's experience bank, required by methods that use
     experience. ``engine`` / ``extractor_engine``: reuse running engines (re-synced first); by default they
     are built from the config and closed at the end. ``retrieve``: a retriever for plain loops (tests).
+    ``cancel``: a token that stops the run within seconds once set (``loop.cancelled`` tells).
     Returns the last metrics and the loop (its ``last_checkpoint``, ``model`` ...).
     """
     out_dir = Path(out_dir)
@@ -164,6 +167,7 @@ def train(
             reporter=Reporters(reporter or file_reporters(out_dir, ConsoleReporter()), *trackers),
             actor=actor,
             start_step=state.step + 1 if state else 1,
+            cancel=cancel or CancelToken(),
         )
         if not cfg.uses_experience:
             loop = TrainingLoop(cfg, retrieve=retrieve, **common)

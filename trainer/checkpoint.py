@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ import torch
 from trainer.config import ConfigError, RunConfig
 
 STATE_FILE = "state.json"
-RESUMABLE_DIFFERENCES = ("steps",)
+RESUMABLE_DIFFERENCES = ("steps", "eval_every", "checkpoint_every", "checkpoint_keep", "checkpoint_minutes")
+"""Config keys a resumed run may change: where it stops, and when it evaluates and checkpoints."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,10 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     engine_version: int,
     config: RunConfig,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` under ``out_dir``; returns its folder."""
+    """Write the checkpoint of ``step`` under ``out_dir``; returns its folder. ``extra`` writes more parts
+    (the extractor's) into the folder before it is renamed into place."""
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(final.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -67,6 +71,8 @@ def save_checkpoint(
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save(rng, tmp / "rng.pt")
     state = {"step": step, "engine_version": engine_version, "config": config.to_dict()}
+    if extra is not None:
+        extra(tmp)
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

@@ -267,17 +267,20 @@ class CoevolutionLoop(TrainingLoop):
             scopes=scopes_of(cfg),
             update=self.extractor_update,
             warmup_steps=cfg.experience.warmup_steps,
+            cancel=self.cancel,
         )
 
     def run(self) -> Metrics:
         try:
             last = super().run()
+            if self.cancelled:
+                return last
             self.track.drain()
             if self.last_train:  # the last step's row again, with the extractor's work on it finished
                 self.reporter.on_step(self.step, self.last_train)
             return last | self.experience_metrics()
         finally:
-            self.track.close(timeout=60)
+            self.track.close(timeout=5 if self.cancelled else 60)
 
     def train_step(self, step: int) -> Metrics:
         self.step = step
@@ -330,14 +333,14 @@ class CoevolutionLoop(TrainingLoop):
         self.reporter.on_eval(step, metrics)
         return metrics
 
-    def checkpoint(self, step: int) -> Path:
-        path = super().checkpoint(step)
-        if self.extractor_update is not None:
-            with self.track.update_lock:
-                self.extractor_update.model.save_pretrained(path / "extractor", safe_serialization=True)
-                torch.save(self.track.state_dict(), path / "extractor" / STATE_FILE)
-            self.extractor.tokenizer.save_pretrained(path / "extractor")
-            (path / "extractor" / "version.json").write_text(
-                json.dumps({"weight_version": self.extractor.expected_version})
-            )
-        return path
+    def save_more(self, folder: Path) -> None:
+        """πϕ's weights, optimiser and credit buffer, in the checkpoint before it is renamed into place."""
+        if self.extractor_update is None:
+            return
+        with self.track.update_lock:
+            self.extractor_update.model.save_pretrained(folder / "extractor", safe_serialization=True)
+            torch.save(self.track.state_dict(), folder / "extractor" / STATE_FILE)
+        self.extractor.tokenizer.save_pretrained(folder / "extractor")
+        (folder / "extractor" / "version.json").write_text(
+            json.dumps({"weight_version": self.extractor.expected_version})
+        )

@@ -412,7 +412,11 @@ class RunConfig(_Section):
     eval_episodes: int = 32
     """Episodes per evaluation, each run with and without experience."""
     checkpoint_every: int = 50
-    """Save weights every this many steps (0: only at the end)."""
+    """Save weights every this many steps (0: only at the end). Runs also checkpoint after every evaluation
+    and once ``checkpoint_minutes`` have passed since the last checkpoint."""
+    checkpoint_minutes: float = 10.0
+    """Checkpoint at the end of the first step that ends this long after the last checkpoint (or the
+    start), so a crash loses little (0: off)."""
     checkpoint_keep: int = 0
     """Keep only the latest this many checkpoints of the run, deleting older ones once a newer one is
     complete (0: keep all). One checkpoint of SmolLM2-135M with its optimiser is about 1.6 GB."""
@@ -461,6 +465,7 @@ class RunConfig(_Section):
         _at_most("eval_episodes", self.eval_episodes, 100_000)
         _at_least("checkpoint_every", self.checkpoint_every, 0)
         _at_least("checkpoint_keep", self.checkpoint_keep, 0)
+        _non_negative("checkpoint_minutes", self.checkpoint_minutes)
         self._check_ablations()
 
     def _check_ablations(self) -> None:

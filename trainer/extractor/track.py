@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainer.cancel import Cancelled, CancelToken
 from trainer.extractor.credit import CreditBuffer, generation_key
 from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.update import ExtractorUpdate
@@ -74,8 +75,10 @@ class ExtractorTrack:
         update: ExtractorUpdate | None = None,
         warmup_steps: int = 0,
         distil_batch: int = 16,
+        cancel: CancelToken | None = None,
     ) -> None:
-        """``update=None``: πϕ stays frozen (static_online) but still keeps the bank online."""
+        """``update=None``: πϕ stays frozen (static_online) but still keeps the bank online. ``cancel``:
+        once set, queued work is dropped and the current item stops at its next batch or micro-batch."""
         self.extractor = extractor
         self.store = store
         self.buffer = buffer
@@ -83,6 +86,9 @@ class ExtractorTrack:
         self.update = update
         self.warmup_steps = warmup_steps
         self.distil_batch = distil_batch
+        self.cancel = cancel or CancelToken()
+        if update is not None:
+            update.cancel = self.cancel
         self.counts: Counter = Counter()
         self.last_update: Metrics = {}
         self.latest_step = 0
@@ -171,13 +177,15 @@ class ExtractorTrack:
                 if item is None:
                     self.store.close_thread()
                     return
-                if self._error is None:
+                if self._error is None and not self.cancel.is_set():
                     if isinstance(item, _Episodes):
                         self._credit(item.credits)
                         self._distil(item.step, item.requests)
                     else:
                         self._merge(item.step)
                     self._maybe_train()
+            except Cancelled:
+                pass  # the run stops; what this item did not finish is redone after a resume
             except BaseException as exc:  # noqa: BLE001 - re-raised on the actor's side by check()
                 self._error = exc
             finally:
@@ -207,6 +215,7 @@ class ExtractorTrack:
 
     def _distil(self, step: int, requests: Sequence[DistilRequest]) -> None:
         for i in range(0, len(requests), self.distil_batch):
+            self.cancel.check()
             t0 = time.perf_counter()
             results = self.extractor.distil(requests[i : i + self.distil_batch])
             t1 = time.perf_counter()

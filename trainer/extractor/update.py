@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from trainer import losses
+from trainer.cancel import CancelToken
 from trainer.config import ExtractorConfig
 from trainer.extractor.credit import Batch, Record
 from trainer.extractor.model import Extractor, StaleExtractorError
@@ -43,6 +44,8 @@ class ExtractorUpdate:
         self.max_engine_diff = max_engine_diff
         self.policy_loss = losses.get_policy_loss(cfg.policy_loss)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.cancel = CancelToken()
+        """Checked between micro-batches; the loop hands it its own token."""
         if cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
 
@@ -61,6 +64,7 @@ class ExtractorUpdate:
         total, diffs = 0.0, []
         sums = {"clip_frac": 0.0, "approx_kl": 0.0}
         for mb in mbs:
+            self.cancel.check()
             responses = [list(records[i].generation.token_ids) for i in mb]
             logp_rows = sequence_logprobs(self.model, [prompts[i] for i in mb], responses, batch_size=len(mb))
             logp = torch.nn.utils.rnn.pad_sequence(logp_rows, batch_first=True)  # (B, T), keeps grad

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer import prompts
+from trainer.cancel import CancelToken
 from trainer.envs.base import TextEnv, make_env
 from trainer.prompts import ChatBuilder, ContextOverflow, system_prompt
 from trainer.rollout.base import Engine, GenerationRequest
@@ -232,7 +233,9 @@ class EpisodeRunner:
         top_p: float = 1.0,
         turn_limit: int | None = None,
         context_tokens: int = 4096,
+        cancel: CancelToken | None = None,
     ) -> None:
+        """``cancel``: checked before every turn (``trainer.cancel``)."""
         if context_tokens <= max_new_tokens:
             raise ValueError(
                 f"context_tokens ({context_tokens}) must exceed max_new_tokens ({max_new_tokens})"
@@ -246,6 +249,7 @@ class EpisodeRunner:
         self.turn_limit = turn_limit
         self.context_tokens = context_tokens
         self._pool: dict[str, list[TextEnv]] = defaultdict(list)
+        self.cancel = cancel or CancelToken()
 
     @property
     def prompt_budget(self) -> int:
@@ -280,6 +284,7 @@ class EpisodeRunner:
                 self._new_segment(state, [])
             live = [s for s in states if not s.done]
             while live:
+                self.cancel.check()
                 self._turn(live, stats, intercept, temperature)
                 live = [s for s in live if not s.done]
         finally:
