@@ -1,0 +1,107 @@
+"""`manage.py up` as a service manager runs it: started in a fresh data folder, stopped by a signal, leaving
+no process behind (its web server, its worker and their children, and the embedded servers it started)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from http.cookiejar import CookieJar
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psutil
+
+from tests.conftest import wait_for
+from tests.webapp.conftest import REPO, free_port, manage
+
+
+def _get(opener, url: str) -> tuple[int, str]:
+    with opener.open(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+def _celery_ping(env: dict) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "webapp", "inspect", "ping", "-t", "3"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout + done.stderr
+
+
+def _start_up(env: dict, log: Path) -> subprocess.Popen:
+    with log.open("w") as out:  # a file, not a pipe: a full pipe would stall the children that share it
+        command = [sys.executable, "manage.py", "up"]
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)
+
+
+def _service_processes(env: dict) -> list[psutil.Process]:
+    """The embedded servers of this data folder (daemons: not descendants of `up`) and their children."""
+    var = Path(env["STUDIO_VAR"])
+    pid_files = [var / "redis" / "redis.pid", var / "pg" / "postmaster.pid"]
+    procs = [psutil.Process(int(path.read_text().split()[0])) for path in pid_files]
+    return procs + [child for proc in procs for child in proc.children(recursive=True)]
+
+
+def _stopped_by(up: subprocess.Popen, signum: int, processes: list[psutil.Process], log: Path) -> str:
+    up.send_signal(signum)
+    up.wait(timeout=120)
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    output = log.read_text()
+    assert up.returncode == 0, output
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}\n{output}"
+    return output
+
+
+def test_sigterm_stops_the_web_server_the_worker_and_the_services_it_started(fresh_var):
+    port = free_port()
+    env = fresh_var | {"STUDIO_ADMIN_PASSWORD": "a long test password", "STUDIO_PORT": str(port)}
+    log = Path(env["STUDIO_VAR"]).parent / "up.log"
+    up = _start_up(env, log)
+    try:
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+        base = f"http://127.0.0.1:{port}"
+
+        def login_page() -> tuple[int, str] | None:
+            assert up.poll() is None, log.read_text()
+            try:
+                return _get(opener, base + "/login/")
+            except OSError:
+                return None
+
+        status, page = wait_for(login_page, 180, "the web server")
+        assert status == 200 and "Log in" in page
+        # The admin account works: log in with the CSRF token from the form, reach the dashboard.
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        credentials = {"username": "admin", "password": env["STUDIO_ADMIN_PASSWORD"]}
+        form = urlencode(credentials | {"csrfmiddlewaretoken": token}).encode()
+        request = urllib.request.Request(base + "/login/", data=form, headers={"Referer": base + "/login/"})
+        with opener.open(request, timeout=10) as response:
+            assert response.status == 200 and "Runs" in response.read().decode()
+        wait_for(lambda: "pong" in _celery_ping(env), 120, "the Celery worker", interval=1)
+        processes = psutil.Process(up.pid).children(recursive=True) + _service_processes(env)
+        names = " ".join(" ".join(p.cmdline()) for p in processes)
+        assert "daphne" in names and "celery" in names and "redis-server" in names and "postgres" in names
+    except BaseException:
+        up.kill()
+        raise
+    output = _stopped_by(up, signal.SIGTERM, processes, log)
+    assert "stopped: web, worker, postgres, redis" in output
+    status = manage(fresh_var, "services", "status")
+    assert re.search(r"postgres\s+stopped", status) and re.search(r"redis\s+stopped", status)
+
+
+def test_a_hang_up_while_starting_stops_the_services_it_had_started(fresh_var):
+    log = Path(fresh_var["STUDIO_VAR"]).parent / "up.log"
+    up = _start_up(fresh_var | {"STUDIO_PORT": str(free_port())}, log)
+    try:
+        started = "services: postgres, redis"
+        wait_for(lambda: up.poll() is None and started in log.read_text(), 120, "the services")
+        processes = psutil.Process(up.pid).children(recursive=True) + _service_processes(fresh_var)
+    except BaseException:
+        up.kill()
+        raise
+    output = _stopped_by(up, signal.SIGHUP, processes, log)
+    assert "stopped: postgres, redis" in output
