@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import partial
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -14,6 +15,10 @@ from webapp.selectors import metric_rows_since, run_visible
 SessionStore = import_string(f"{settings.SESSION_ENGINE}.SessionStore")
 FORBIDDEN = 4403
 NOT_FOUND = 4404
+
+in_db_thread = partial(database_sync_to_async, thread_sensitive=False)
+"""The sockets' database reads run in the event loop's thread pool, not in the one thread that serves every
+synchronous request: an event is never held up behind a slow page."""
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -31,7 +36,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         user = self.scope.get("user")
-        if user is None or not await database_sync_to_async(run_visible)(user, self.run_id):
+        if user is None or not await in_db_thread(run_visible)(user, self.run_id):
             await self.close(code=FORBIDDEN)  # before accept(): the handshake is refused
             return
         self.group = run_group(self.run_id)
@@ -41,7 +46,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         since = parse_qs(self.scope.get("query_string", b"").decode()).get("since", [""])[0]
         if since.isdigit():
-            for event in await database_sync_to_async(metric_rows_since)(self.run_id, int(since)):
+            for event in await in_db_thread(metric_rows_since)(self.run_id, int(since)):
                 await self.send_json(event)
 
     async def disconnect(self, code: int) -> None:
@@ -50,7 +55,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(session_group(self.session_key), self.channel_name)
 
     async def run_event(self, message: dict) -> None:
-        if not await database_sync_to_async(self._still_allowed)():
+        if not await in_db_thread(self._still_allowed)():
             await self.close(code=FORBIDDEN)
             return
         await self.send_json(message["event"])

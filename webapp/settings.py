@@ -121,8 +121,17 @@ REDIS_URL = os.environ.get("REDIS_URL") or embedded.embedded_redis_url()
 
 CHANNEL_LAYERS = {
     "default": {
+CHANNEL_LAYER_READ_TIMEOUT_S = 60
+"""A socket waits for its next event with a blocking Redis read that the server ends after 5 s
+(channels_redis' BZPOPMIN). redis-py >= 6 also gives every read a 5 s client timeout by default, so each
+idle socket raced the server's empty reply and lost whenever the server or the web server's event loop ran
+a little late: a ``TimeoutError: Timeout reading from …`` and a dropped WebSocket. Reads get a timeout well
+past the 5 s."""
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("STUDIO_CHANNEL_PREFIX", "studio")},
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S}],
+            "prefix": os.environ.get("STUDIO_CHANNEL_PREFIX", "studio"),
+        },
     }
 }
 

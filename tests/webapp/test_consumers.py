@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
@@ -57,6 +60,18 @@ async def test_without_a_cursor_only_live_events_arrive(async_client, user):
     assert connected and await communicator.receive_nothing(timeout=0.3)
     await sync_to_async(broadcast_run_event)(run.id, {"kind": "status", "status": "cancelled"})
     assert await communicator.receive_json_from(timeout=5) == {"kind": "status", "status": "cancelled"}
+    await communicator.disconnect()
+
+
+async def test_a_socket_idle_past_redis_blocking_read_on_a_busy_server_stays_open(async_client, user):
+    """The layer's blocking read ends after ``brpop_timeout`` s on the server; a web server busy beyond that
+    (here: its event loop blocked) must still take the empty reply and wait on, not drop the socket."""
+    run = await Run.objects.acreate(name="r", owner=user)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected and await communicator.receive_nothing(timeout=0.3)
+    time.sleep(get_channel_layer().brpop_timeout + 1.5)  # noqa: ASYNC251 - the busy event loop is the point
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "status", "status": "running"})
+    assert await communicator.receive_json_from(timeout=5) == {"kind": "status", "status": "running"}
     await communicator.disconnect()
 
 
