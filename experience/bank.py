@@ -203,6 +203,19 @@ def add(
 
 
 @transaction.atomic
+def add_imported(run_id: int | None, entries: list[Experience], *, user=None) -> list[Experience]:
+    """New entries from an import (built by ``experience.transfer``), inserted and recorded in bulk."""
+    lock_bank(run_id)
+    created = Experience.objects.bulk_create(entries)
+    ExperienceChange.objects.bulk_create(
+        ExperienceChange(experience=e, run_id=run_id, kind=Kind.IMPORT, actor=Actor.IMPORT, user=user,
+                         step=e.created_step, before=None, after=snapshot(e))
+        for e in created
+    )  # fmt: skip
+    return created
+
+
+@transaction.atomic
 def update(
     entry_id: int,
     title: str,

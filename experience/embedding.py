@@ -45,8 +45,9 @@ class Embedder:
         self.hits = 0
         self.misses = 0
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """(N, dim) float32, unit-norm rows, in the order of ``texts``; each distinct miss is encoded once."""
+    def embed(self, texts: list[str], *, cache: bool = True) -> np.ndarray:
+        """(N, dim) float32, unit-norm rows, in the order of ``texts``; each distinct miss is encoded once.
+        ``cache=False`` (bulk imports) neither fills the cache nor evicts what the run retrieves."""
         found: dict[str, np.ndarray] = {}
         with self._lock:
             for text in texts:
@@ -67,7 +68,9 @@ class Embedder:
                 ).astype(np.float32)
             with self._lock:
                 for text, vector in zip(missing, vectors, strict=True):
-                    self._cache[text] = found[text] = vector
+                    found[text] = vector
+                    if cache:
+                        self._cache[text] = vector
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
         if not texts:
@@ -93,6 +96,7 @@ class Embedder:
 
 _default: Embedder | None = None
 _default_lock = threading.Lock()
+_warm_up: threading.Thread | None = None
 
 
 def default_embedder() -> Embedder:
@@ -102,3 +106,18 @@ def default_embedder() -> Embedder:
         if _default is None:
             _default = Embedder()
         return _default
+
+
+def warm_up_in_background() -> None:
+    """Start loading the process-wide embedder in a thread (the web server and each worker process call this
+    as they start), so that no request waits for the model; idempotent."""
+    global _warm_up
+    with _default_lock:
+        if _warm_up is None and _default is None:
+            _warm_up = threading.Thread(target=default_embedder, name="embedder-warm-up", daemon=True)
+            _warm_up.start()
+
+
+def embedder_warming_up() -> bool:
+    """True while the warm-up is still loading the model: a search should not wait for it."""
+    return _default is None and _warm_up is not None and _warm_up.is_alive()

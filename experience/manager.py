@@ -515,9 +515,10 @@ class ExperienceManager:
     def export_jsonl(self, out: IO[str], *, scope: str | None = None) -> int:
         return transfer.export_jsonl(self.run_id, out, scope=scope)
 
-    def import_jsonl(self, lines: IO[str], *, user=None) -> int:
-        with self.rw.write():
-            return transfer.import_jsonl(self.run_id, lines, self.embedder, user=user, capacity=self.capacity)
+    def import_jsonl(self, source: IO, *, user=None) -> int:
+        return transfer.import_jsonl(
+            self.run_id, source, self.embedder, user=user, capacity=self.capacity, writing=self.rw.write
+        )
 
 
 def _row_entry(r: tuple, score: float | None) -> Entry:

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector
 from django.db import models
+from django.utils import timezone
 from pgvector.django import HnswIndex, VectorField
 
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
@@ -199,3 +200,73 @@ class SearchAsk(GenerationFields):
 
     def __str__(self) -> str:
         return f"search-and-ask #{self.pk}: {self.query[:40]}"
+
+
+class ImportJobQuerySet(models.QuerySet):
+    def active(self) -> ImportJobQuerySet:
+        return self.exclude(status__in=[ImportJob.Status.SUCCEEDED, ImportJob.Status.FAILED])
+
+
+class ImportJob(models.Model):
+    """One JSONL import into a bank: validated, then embedded into staging rows (``ImportRow``), then
+    added to the bank in one transaction at the end (all or nothing). Large uploads run as a task."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        VALIDATING = "validating"
+        EMBEDDING = "embedding"
+        WRITING = "writing"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    run = models.ForeignKey("webapp.Run", on_delete=models.CASCADE, related_name="import_jobs", null=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    file_name = models.CharField(max_length=255, blank=True)
+    path = models.CharField(max_length=500, blank=True, help_text="The uploaded file while a task holds it.")
+    size = models.BigIntegerField(default=0, help_text="Bytes.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    lines = models.PositiveIntegerField(default=0, help_text="Non-empty lines (known after validation).")
+    done = models.PositiveIntegerField(default=0, help_text="Lines validated, then lines embedded.")
+    entries = models.PositiveIntegerField(default=0, help_text="Entries added to the bank.")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ImportJobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"import #{self.pk} of {self.file_name or 'a file'}: {self.status}"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+
+    def mark_failed(self, message: str) -> None:
+        """Nothing was imported; ``message`` says why (shown on the bank page)."""
+        ImportJob.objects.filter(pk=self.pk).update(
+            status=self.Status.FAILED, error=message[:10_000], finished_at=timezone.now()
+        )
+
+    @property
+    def percent(self) -> int:
+        """Progress of the current phase."""
+        return min(100, 100 * self.done // self.lines) if self.lines else 0
+
+
+class ImportRow(models.Model):
+    """One validated, embedded line of an import, waiting for the final transaction."""
+
+    job = models.ForeignKey(ImportJob, on_delete=models.CASCADE, related_name="rows")
+    number = models.PositiveIntegerField(help_text="Line number in the file.")
+    fields = models.JSONField(help_text="The entry's model fields (no id, run or owner).")
+    embedding = VectorField(dimensions=EMBEDDING_DIM)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "number"], name="import_row_job_idx")]
+
+    def __str__(self) -> str:
+        return f"line {self.number} of import #{self.job_id}"

@@ -8,8 +8,9 @@ from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db.models import F, Q, QuerySet
 from pgvector.django import CosineDistance
 
+from experience import transfer
 from experience.embedding import Embedder, default_embedder
-from experience.models import FTS_CONFIG, Experience, ExperienceChange, Merge, search_document
+from experience.models import FTS_CONFIG, Experience, ExperienceChange, ImportJob, Merge, search_document
 
 
 def experience_list(
@@ -41,11 +42,20 @@ def experience_scopes(run) -> list[str]:
 
 
 def experience_semantic_search(
-    run, text: str, *, scope: str | None = None, limit: int = 20, embedder: Embedder | None = None
+    run,
+    text: str,
+    *,
+    scope: str | None = None,
+    limit: int = 20,
+    min_similarity: float | None = None,
+    embedder: Embedder | None = None,
 ) -> QuerySet[Experience]:
-    """Entries closest in meaning to ``text`` (annotated with ``similarity``); counts no retrieval."""
+    """Entries closest in meaning to ``text`` (annotated with ``similarity``), at most ``limit``, only those
+    with a cosine similarity of at least ``min_similarity`` when given; counts no retrieval."""
     vector = (embedder or default_embedder()).embed_one(text)
     qs = Experience.objects.in_bank(run.pk, scope).annotate(distance=CosineDistance("embedding", vector))
+    if min_similarity is not None:
+        qs = qs.filter(distance__lte=1 - min_similarity)
     return qs.annotate(similarity=1 - F("distance")).defer("embedding").order_by("distance")[:limit]
 
 
@@ -110,3 +120,16 @@ def experience_history(entry: Experience) -> QuerySet[ExperienceChange]:
 def merge_list(run, *, scope: str | None = None) -> QuerySet[Merge]:
     qs = Merge.objects.filter(run=run)
     return qs if scope is None else qs.filter(scope=scope)
+
+
+IMPORT_LIMITS = {
+    "file_mb": transfer.FILE_MAX_BYTES // 2**20, "lines": f"{transfer.LINES_MAX:,}",
+    "content": f"{transfer.CONTENT_MAX:,}", "title": transfer.TITLE_MAX, "scope": transfer.SCOPE_MAX,
+    "line_mb": transfer.LINE_MAX_BYTES // 10**6,
+}  # fmt: skip
+"""What an import accepts, as the bank page states it."""
+
+
+def import_jobs(run) -> QuerySet[ImportJob]:
+    """A run's imports, newest first."""
+    return ImportJob.objects.filter(run=run).select_related("user")

@@ -7,17 +7,25 @@ interleaves with the extractor's operations or a merge.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import IO
 
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from experience import bank, transfer
 from experience.embedding import Embedder, default_embedder
 from experience.manager import live_manager, write_access
-from experience.models import Experience, ExperienceChange, Merge
+from experience.models import Experience, ExperienceChange, ImportJob, Merge
 
 Actor = ExperienceChange.Actor
+logger = logging.getLogger(__name__)
 
 
 def _embedder(run_id: int | None) -> Embedder:
@@ -96,7 +104,61 @@ def experience_export(run, out: IO[str], *, scope: str | None = None) -> int:
     return transfer.export_jsonl(run.pk, out, scope=scope)
 
 
-def experience_import(run, lines: IO[str], *, user=None) -> int:
-    with write_access(run.pk) as manager:
-        capacity = manager.capacity if manager else None
-        return transfer.import_jsonl(run.pk, lines, _embedder(run.pk), user=user, capacity=capacity)
+def experience_import(run, source: IO, *, user=None, file_name: str = "") -> int:
+    """Import a JSONL export (a seekable text or binary file) here and now; returns how many entries."""
+    job = ImportJob.objects.create(run=run, user=user, file_name=file_name[:255])
+    return _run_import(job, source)
+
+
+def _run_import(job: ImportJob, source: IO) -> int:
+    manager = live_manager(job.run_id)
+    return transfer.run_job(
+        job, source, _embedder(job.run_id), capacity=manager.capacity if manager else None,
+        writing=lambda: write_access(job.run_id),
+    )  # fmt: skip
+
+
+IMPORT_STALE = timedelta(minutes=10)
+"""An import job whose worker has not reported for this long is taken over by a redelivered task."""
+
+
+def import_job_start(run, upload: UploadedFile, *, user=None) -> ImportJob:
+    """Keep an uploaded export for a worker (``var/imports``) and queue its import (after commit)."""
+    from experience.tasks import import_bank
+
+    folder = Path(settings.VAR_DIR) / "imports"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{uuid.uuid4().hex}.jsonl"
+    with path.open("wb") as out:
+        for chunk in upload.chunks():
+            out.write(chunk)
+    job = ImportJob.objects.create(
+        run=run, user=user, file_name=(upload.name or "")[:255], path=str(path), size=upload.size
+    )
+    transaction.on_commit(lambda: import_bank.delay(job.pk))
+    return job
+
+
+def import_job_run(job_id: int) -> str:
+    """The task's work: claim the job (a queued one, or one whose worker went silent), import its file,
+    remove the file. Returns the job's final status."""
+    silent = Q(updated_at__lt=timezone.now() - IMPORT_STALE) & ~Q(
+        status__in=[ImportJob.Status.SUCCEEDED, ImportJob.Status.FAILED]
+    )
+    claimed = ImportJob.objects.filter(Q(status=ImportJob.Status.QUEUED) | silent, pk=job_id)
+    if not claimed.update(status=ImportJob.Status.VALIDATING, done=0, updated_at=timezone.now()):
+        return "not claimed"
+    job = ImportJob.objects.select_related("user").get(pk=job_id)
+    job.rows.all().delete()  # staged by a worker that died
+    path = Path(job.path)
+    try:
+        with path.open("rb") as source:
+            _run_import(job, source)
+    except OSError as err:
+        job.mark_failed(f"the uploaded file could not be read ({err}); upload it again")
+    except Exception:  # noqa: BLE001 - run_job has marked the job failed with the message
+        logger.info("import job %s failed", job_id, exc_info=True)
+    finally:
+        path.unlink(missing_ok=True)
+        ImportJob.objects.filter(pk=job_id).update(path="")
+    return ImportJob.objects.get(pk=job_id).status

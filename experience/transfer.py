@@ -4,16 +4,23 @@ Embeddings travel with the entry and its ``embedding_model``; on import they are
 matches the importer's (and they are finite and not all zero), else recomputed from the text.
 Export → import → export gives the same lines. Imported lines are validated by one declared schema
 (``RecordIn``, pydantic): types, lengths, ranges, finiteness; ids, runs and owners never come from a file.
+
+An import is streamed in three passes over the file, with memory bounded by one batch: validate every
+line (a bad one rejects the import, naming each bad line), embed batches into staging rows
+(``ImportRow``, committed as they go, so progress shows), then add the staged rows to the bank in one
+transaction (all or nothing; the bank's writer lock is held only for this last pass).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
-from typing import IO, Annotated, Any, Literal
+from typing import IO, Annotated, Any, AnyStr, Literal
 
 from django.db import transaction
+from django.utils import timezone
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -25,7 +32,7 @@ from pydantic import (
 
 from experience import bank
 from experience.embedding import Embedder
-from experience.models import Experience, ExperienceChange
+from experience.models import Experience, ImportJob, ImportRow
 
 FORMAT = "complementary-rl-experience/1"
 COUNTERS = [
@@ -86,6 +93,16 @@ TEXT_MAX = 100_000
 """Longest generation prompt or response kept with an entry."""
 TOKENS_MAX = 16_384
 LINE_MAX_BYTES = 2_000_000
+"""Longest line read (longer ones are refused without being read into memory)."""
+FILE_MAX_BYTES = 50 * 1024 * 1024
+"""Largest file accepted from the web page."""
+LINES_MAX = 200_000
+"""Most entries one import may hold."""
+BATCH_LINES = 64
+BATCH_BYTES = 4_000_000
+"""A batch of lines embedded and staged together: memory is bounded by this, not by the file."""
+COMMIT_CHUNK = 500
+"""Staged rows added to the bank per insert in the final transaction."""
 COUNT_MAX = 2**31 - 1
 STEP_MAX = 10**9
 SHOWN_ERRORS = 10
@@ -154,11 +171,12 @@ class RecordIn(_Schema):
 class ImportRejected(ValueError):
     """An import with bad lines: nothing was imported; ``errors`` says what is wrong on which line."""
 
-    def __init__(self, errors: list[str], lines: int) -> None:
+    def __init__(self, errors: list[str], lines: int, bad: int | None = None) -> None:
         self.errors = errors
+        bad = len(errors) if bad is None else bad
         shown = "; ".join(errors[:SHOWN_ERRORS])
-        more = f" (and {len(errors) - SHOWN_ERRORS} more)" if len(errors) > SHOWN_ERRORS else ""
-        super().__init__(f"{len(errors)} of {lines} lines are not valid experience entries: {shown}{more}")
+        more = f" (and {bad - len(errors[:SHOWN_ERRORS])} more)" if bad > SHOWN_ERRORS else ""
+        super().__init__(f"{bad} of {lines} lines are not valid experience entries: {shown}{more}")
 
 
 def _describe(err: ValidationError) -> str:
@@ -169,30 +187,65 @@ def _describe(err: ValidationError) -> str:
     return ", ".join(parts)
 
 
-def parse_records(lines: Iterable[str | bytes]) -> list[RecordIn]:
-    """Validate every non-empty line; raise ``ImportRejected`` naming each bad line by its number."""
-    records, errors, n = [], [], 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+def read_lines(source: IO[AnyStr], limit: int = LINE_MAX_BYTES) -> Iterator[tuple[int, AnyStr | None]]:
+    """``(number, line)`` for every non-blank line of a text or binary file; ``None`` for a line longer
+    than ``limit``, which is skipped without being held in memory."""
+    number = 0
+    while line := source.readline(limit + 1):
+        number += 1
+        if len(line) > limit:
+            while line and not line.endswith(b"\n" if isinstance(line, bytes) else "\n"):
+                line = source.readline(limit)
+            yield number, None
+        elif line.strip():
+            yield number, line
+
+
+def _parse(number: int, line: AnyStr | None) -> RecordIn:
+    if line is None:
+        raise ValueError(f"line {number}: longer than {LINE_MAX_BYTES:,} characters")
+    try:
+        return RecordIn.model_validate_json(line)
+    except ValidationError as err:
+        raise ValueError(f"line {number}: {_describe(err)}") from None
+
+
+Progress = Callable[[str, int], None]
+
+
+def validate(source: IO[AnyStr], progress: Progress | None = None) -> int:
+    """Pass 1: check every line; returns how many, or raises ``ImportRejected`` naming the bad ones."""
+    errors: list[str] = []
+    n = bad = 0
+    for number, line in read_lines(source):
         n += 1
-        if len(line) > LINE_MAX_BYTES:
-            errors.append(f"line {number}: longer than {LINE_MAX_BYTES:,} characters")
-            continue
+        if n > LINES_MAX:
+            raise ImportRejected([f"more than {LINES_MAX:,} entries in one file: split it"], n, 1)
         try:
-            records.append(RecordIn.model_validate_json(line))
-        except ValidationError as err:
-            errors.append(f"line {number}: {_describe(err)}")
-    if errors:
-        raise ImportRejected(errors, n)
-    return records
+            _parse(number, line)
+        except ValueError as err:
+            bad += 1
+            if len(errors) < SHOWN_ERRORS:
+                errors.append(str(err))
+        if progress and n % 1000 == 0:
+            progress(ImportJob.Status.VALIDATING, n)
+    if bad:
+        raise ImportRejected(errors, n, bad)
+    return n
 
 
-def _generation(record: RecordIn) -> bank.Generation | None:
+def _fields(record: RecordIn) -> dict[str, Any]:
+    """The model fields of the entry a record becomes (JSON-serialisable; no id, run or owner)."""
     g = record.provenance.generation
-    if not (g.prompt or g.response or g.token_ids):
-        return None
-    return bank.Generation(g.prompt, g.response, tuple(g.token_ids), tuple(g.logprobs), g.weight_version)
+    return {
+        "scope": record.scope, "title": record.title, "content": record.content, "pinned": record.pinned,
+        "source_episode": record.provenance.source_episode,
+        "created_step": record.provenance.created_step, "updated_step": record.provenance.updated_step,
+        "generation_prompt": g.prompt, "generation_response": g.response,
+        "generation_token_ids": g.token_ids, "generation_logprobs": g.logprobs,
+        "generation_weight_version": g.weight_version,
+        **record.counters.model_dump(mode="json"),
+    }  # fmt: skip
 
 
 def _usable_embedding(record: RecordIn, embedder: Embedder) -> bool:
@@ -200,26 +253,100 @@ def _usable_embedding(record: RecordIn, embedder: Embedder) -> bool:
     return record.embedding_model == embedder.model_id and len(v) == embedder.dim and any(x != 0 for x in v)
 
 
-def import_jsonl(
-    run_id: int | None, lines: Iterable[str], embedder: Embedder, *, user=None, capacity: int | None = None
-) -> int:
-    """Add every entry of an export to the run's bank, all or nothing; returns how many. Every line is
-    validated first (``RecordIn``); a bad one rejects the import with its line number and nothing changes.
-    The caller holds the run's writer lock (``write_access``)."""
-    records = parse_records(lines)
-    stale = [r for r in records if not _usable_embedding(r, embedder)]
-    vectors = embedder.embed([bank.entry_text(r.title, r.content) for r in stale])
-    fresh = {id(r): v for r, v in zip(stale, vectors, strict=True)}
+def _batches(source: IO[AnyStr]) -> Iterator[list[tuple[int, RecordIn]]]:
+    batch, size = [], 0
+    for number, line in read_lines(source):
+        batch.append((number, _parse(number, line)))
+        size += len(line)
+        if len(batch) >= BATCH_LINES or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def stage(job: ImportJob, source: IO[AnyStr], embedder: Embedder, progress: Progress | None = None) -> int:
+    """Pass 2: embed (where the file's vector is not usable) and store every line as an ``ImportRow``."""
+    n = 0
+    for batch in _batches(source):
+        stale = [r for _, r in batch if not _usable_embedding(r, embedder)]
+        vectors = embedder.embed([bank.entry_text(r.title, r.content) for r in stale], cache=False)
+        fresh = {id(r): v for r, v in zip(stale, vectors, strict=True)}
+        rows = [
+            ImportRow(job=job, number=number, fields=_fields(r), embedding=fresh.get(id(r), r.embedding))
+            for number, r in batch
+        ]
+        ImportRow.objects.bulk_create(rows)
+        n += len(rows)
+        if progress:
+            progress(ImportJob.Status.EMBEDDING, n)
+    return n
+
+
+def commit(job: ImportJob, embedder: Embedder, *, capacity: int | None = None) -> int:
+    """Pass 3: add the staged rows to the job's bank in one transaction; returns how many."""
+    n = 0
     with transaction.atomic():
-        for r in records:
-            restored = r.counters.model_dump() | {"updated_step": r.provenance.updated_step}
-            bank.add(
-                run_id, r.scope, r.title, r.content, fresh.get(id(r), r.embedding),
-                embedding_model=embedder.model_id, step=r.provenance.created_step,
-                actor=ExperienceChange.Actor.IMPORT, kind=ExperienceChange.Kind.IMPORT, user=user,
-                generation=_generation(r), source_episode=r.provenance.source_episode, pinned=r.pinned,
-                restored=restored,
-            )  # fmt: skip
+        last = 0
+        while batch := list(job.rows.filter(number__gt=last).order_by("number")[:COMMIT_CHUNK]):
+            last = batch[-1].number
+            entries = [
+                Experience(run_id=job.run_id, embedding=row.embedding, embedding_model=embedder.model_id,
+                           **row.fields)
+                for row in batch
+            ]  # fmt: skip
+            bank.add_imported(job.run_id, entries, user=job.user)
+            n += len(entries)
         if capacity is not None:
-            bank.evict_over_capacity(run_id, capacity)
-    return len(records)
+            bank.evict_over_capacity(job.run_id, capacity)
+        job.rows.all().delete()
+        ImportJob.objects.filter(pk=job.pk).update(
+            status=ImportJob.Status.SUCCEEDED, entries=n, finished_at=timezone.now()
+        )
+    return n
+
+
+def run_job(
+    job: ImportJob,
+    source: IO[AnyStr],
+    embedder: Embedder,
+    *,
+    capacity: int | None = None,
+    writing: Callable[[], AbstractContextManager] = nullcontext,
+) -> int:
+    """Validate, stage and commit ``source`` for ``job``; returns how many entries were added. A failure
+    marks the job failed with its message, removes the staged rows and is raised again; nothing changes.
+    ``writing`` guards the final pass (the run's writer lock)."""
+
+    def progress(status: str, done: int) -> None:
+        ImportJob.objects.filter(pk=job.pk).update(status=status, done=done, updated_at=timezone.now())
+
+    try:
+        progress(ImportJob.Status.VALIDATING, 0)
+        lines = validate(source, progress)
+        ImportJob.objects.filter(pk=job.pk).update(lines=lines)
+        source.seek(0)
+        stage(job, source, embedder, progress)
+        progress(ImportJob.Status.WRITING, lines)
+        with writing():
+            return commit(job, embedder, capacity=capacity)
+    except Exception as err:
+        job.rows.all().delete()
+        job.mark_failed(str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}")
+        raise
+
+
+def import_jsonl(
+    run_id: int | None,
+    source: IO[AnyStr],
+    embedder: Embedder,
+    *,
+    user=None,
+    capacity: int | None = None,
+    writing: Callable[[], AbstractContextManager] = nullcontext,
+    file_name: str = "",
+) -> int:
+    """Add every entry of an export (a seekable text or binary file) to the run's bank, all or nothing;
+    returns how many. A bad line rejects the import (``ImportRejected``) and nothing changes."""
+    job = ImportJob.objects.create(run_id=run_id, user=user, file_name=file_name[:255])
+    return run_job(job, source, embedder, capacity=capacity, writing=writing)

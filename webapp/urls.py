@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from webapp import views, views_bank, views_compare, views_experiments, views_inspect, views_runs
 
@@ -28,6 +28,7 @@ urlpatterns = [
     ),
     path("runs/<int:run_id>/bank/export/", views_bank.bank_export, name="bank_export"),
     path("runs/<int:run_id>/bank/import/", views_bank.bank_import, name="bank_import"),
+    path("runs/<int:run_id>/bank/import/<int:job_id>/", views_bank.bank_import_job, name="bank_import_job"),
     path("compare/", views_compare.compare, name="compare"),
     path("experiments/", views_experiments.experiments, name="experiments"),
     path("experiments/<slug:name>/", views_experiments.experiment_detail, name="experiment_detail"),
@@ -39,5 +40,6 @@ urlpatterns = [
     path("compare/csv/", views_compare.compare_csv, name="compare_csv"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("api.urls")),  # the account page and /api/v1/
     path("admin/", admin.site.urls),
 ]

@@ -15,14 +15,23 @@ from django.views.decorators.http import require_POST
 from experience import selectors as bank_selectors
 from experience import services as bank_services
 from experience.bank import BankError
-from experience.models import ExperienceChange, Merge
+from experience.models import ExperienceChange, ImportJob, Merge
 from webapp.forms import BankSearchForm, ExperienceForm, ImportForm, PruneForm
 from webapp.models import Run
-from webapp.selectors import bank_entries, bank_entry, bank_search_across, banks_overview, run_get
+from webapp.selectors import (
+    bank_entries,
+    bank_entry,
+    bank_search,
+    bank_search_across,
+    banks_overview,
+    run_get,
+)
 from webapp.services import can_edit_bank
 
 PRUNE_PREVIEW = 2000
 """Most entries one prune shows and deletes (prune again for more)."""
+BANKS_SEARCH_SIZE = 30
+"""Most matches a search across all banks lists."""
 
 
 def _editable_run(request: HttpRequest, run_id: int) -> Run:
@@ -39,15 +48,18 @@ def bank(request: HttpRequest, run_id: int) -> HttpResponse:
     data = form.cleaned_data if form.is_valid() else {}
     if form.errors:
         messages.error(request, "Some search options were not understood and were ignored.")
+    search = bank_search(data.get("q", ""), data.get("mode") or "semantic")
     entries = bank_entries(
-        run, q=data.get("q", ""), mode=data.get("mode") or "semantic", scope=data.get("scope", ""),
+        run, q=data.get("q", ""), mode=search.mode, scope=data.get("scope", ""),
         sort=data.get("sort") or "recent", pinned=data.get("pinned", False),
     )  # fmt: skip
     context = {
+        "search": search if data.get("q") else None,
         "run": run, "form": form, "entries": entries, "can_edit": can_edit_bank(request.user, run),
         "scopes": bank_selectors.experience_scopes(run),
         "prune_form": PruneForm(), "import_form": ImportForm(),
         "last_prune": _last_prune(request, run),
+        "import_jobs": bank_selectors.import_jobs(run)[:3], "limits": bank_selectors.IMPORT_LIMITS,
     }  # fmt: skip
     template = (
         "webapp/_bank_list.html"
@@ -206,26 +218,39 @@ def bank_export(request: HttpRequest, run_id: int) -> HttpResponse:
     return response
 
 
+IMPORT_INLINE_MAX_BYTES = 256 * 1024
+"""Larger uploads are imported by a worker (``default`` queue), with progress on the bank page."""
+
+
 @require_POST
 def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
-    """Add the entries of a JSONL export: all or nothing, with a message saying what was wrong."""
+    """Add the entries of a JSONL export: all or nothing, with a message saying what was wrong. A small
+    file is imported within the request; a larger one is handed to a worker and its progress shown."""
     run = _editable_run(request, run_id)
     form = ImportForm(request.POST, request.FILES)
-    if form.is_valid():
-        try:
-            text = form.cleaned_data["file"].read().decode("utf-8")
-            n = bank_services.experience_import(run, io.StringIO(text), user=request.user)
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-            messages.error(
-                request, f"Nothing was imported: the file is not a valid experience export ({err})."
-            )
-        else:
-            messages.success(request, f"Imported {n} entr{'y' if n == 1 else 'ies'}.")
+    if not form.is_valid():
+        errors = " ".join(e for es in form.errors.values() for e in es)
+        messages.error(request, f"Nothing was imported: {errors}")
+        return redirect("bank", run_id=run.id)
+    upload = form.cleaned_data["file"]
+    if upload.size > IMPORT_INLINE_MAX_BYTES:
+        bank_services.import_job_start(run, upload, user=request.user)
+        messages.info(request, f"Importing {upload.name} in the background: progress under Import.")
+        return redirect("bank", run_id=run.id)
+    try:
+        n = bank_services.experience_import(run, upload, user=request.user, file_name=upload.name)
+    except ValueError as err:
+        messages.error(request, f"Nothing was imported: the file is not a valid experience export ({err}).")
     else:
-        messages.error(
-            request, "Nothing was imported: " + " ".join(e for es in form.errors.values() for e in es)
-        )
+        messages.success(request, f"Imported {n} entr{'y' if n == 1 else 'ies'}.")
     return redirect("bank", run_id=run.id)
+
+
+def bank_import_job(request: HttpRequest, run_id: int, job_id: int) -> HttpResponse:
+    """One import's progress (the bank page polls it until the import has finished)."""
+    run = _editable_run(request, run_id)
+    job = get_object_or_404(ImportJob, pk=job_id, run=run)
+    return render(request, "webapp/_import_job.html", {"run": run, "job": job})
 
 
 def banks(request: HttpRequest) -> HttpResponse:
@@ -234,5 +259,7 @@ def banks(request: HttpRequest) -> HttpResponse:
     runs = banks_overview(request.user)
     data = form.cleaned_data if form.is_valid() else {}
     q = data.get("q", "")
-    hits = bank_search_across(runs, q, mode=data.get("mode") or "semantic") if q else []
-    return render(request, "webapp/banks.html", {"form": form, "runs": runs, "hits": hits, "q": q})
+    search = bank_search(q, data.get("mode") or "semantic", limit=BANKS_SEARCH_SIZE)
+    hits = bank_search_across(runs, q, mode=search.mode, limit=BANKS_SEARCH_SIZE) if q else []
+    context = {"form": form, "runs": runs, "hits": hits, "q": q, "search": search}
+    return render(request, "webapp/banks.html", context)

@@ -1,0 +1,152 @@
+"""A bank import is streamed (lines read one at a time, embedded and staged in batches), all or nothing,
+and a large upload is imported by a task in the ``default`` queue with its progress on the bank page."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from experience import services, transfer
+from experience.models import Experience, ExperienceChange, ImportJob, ImportRow
+from experience.tasks import import_bank
+from webapp.celery import app
+from webapp.views_bank import IMPORT_INLINE_MAX_BYTES
+
+pytestmark = pytest.mark.django_db
+
+
+def _record(i: int, embedder=None) -> dict:
+    record = {"format": transfer.FORMAT, "scope": "MiniHack", "title": f"Lesson {i}",
+              "content": f"Walk around the boulder number {i} and then take the stairs."}  # fmt: skip
+    if embedder is not None:  # an export of the same model: its vector is kept, nothing to embed
+        unit = [(1 / embedder.dim) ** 0.5] * embedder.dim
+        record |= {"embedding_model": embedder.model_id, "embedding": unit}
+    return record
+
+
+def _large_file(embedder, n: int, bad: dict[int, str] | None = None) -> bytes:
+    """More than the inline limit: ``n`` lines, each carrying its vector; ``bad`` replaces lines."""
+    lines = [json.dumps(_record(i, embedder)) for i in range(n)]
+    for number, text in (bad or {}).items():
+        lines[number - 1] = text
+    body = ("\n".join(lines) + "\n").encode()
+    assert len(body) > IMPORT_INLINE_MAX_BYTES
+    return body
+
+
+@pytest.fixture
+def editor(user):
+    user.user_permissions.add(Permission.objects.get(codename="edit_bank"))
+    return user
+
+
+def _upload(client, run, body: bytes, callbacks_fixture):
+    upload = SimpleUploadedFile("big.jsonl", body, content_type="application/jsonl")
+    with callbacks_fixture(execute=False) as callbacks:
+        page = client.post(reverse("bank_import", args=[run.id]), {"file": upload}, follow=True)
+    return page.content.decode(), callbacks
+
+
+def test_read_lines_numbers_lines_skips_blanks_and_drops_an_over_long_line_without_keeping_it():
+    source = io.BytesIO(b'{"a": 1}\n\n' + b"x" * 50 + b"\n" + b'{"b": 2}')
+    assert list(transfer.read_lines(source, limit=20)) == [(1, b'{"a": 1}\n'), (3, None), (4, b'{"b": 2}')]
+
+
+def test_a_line_longer_than_the_limit_is_refused_by_its_number(run, embedder):
+    body = json.dumps(_record(1)) + "\n" + '{"format": "' + "x" * (transfer.LINE_MAX_BYTES + 10) + '"}\n'
+    with pytest.raises(transfer.ImportRejected, match="line 2: longer than 2,000,000 characters"):
+        services.experience_import(run, io.StringIO(body))
+    assert not Experience.objects.filter(run=run).exists()
+
+
+def test_an_import_adds_every_line_in_batches_and_leaves_no_staging_rows(run, user, embedder, monkeypatch):
+    monkeypatch.setattr(transfer, "BATCH_LINES", 3)
+    body = "".join(json.dumps(_record(i)) + "\n" for i in range(8))
+    assert services.experience_import(run, io.StringIO(body), user=user, file_name="b.jsonl") == 8
+    titles = list(Experience.objects.in_bank(run.pk).order_by("id").values_list("title", flat=True))
+    assert titles == [f"Lesson {i}" for i in range(8)]
+    assert ExperienceChange.objects.filter(run=run, kind="import", user=user).count() == 8
+    job = ImportJob.objects.get(run=run)
+    assert (job.status, job.lines, job.entries, job.file_name) == ("succeeded", 8, 8, "b.jsonl")
+    assert not ImportRow.objects.exists()
+
+
+def test_the_import_task_is_routed_to_the_default_queue():
+    assert app.amqp.router.route({}, import_bank.name)["queue"].name == "default"
+
+
+def test_a_large_upload_is_queued_after_commit_and_the_task_imports_it_with_progress_shown(
+    client, editor, run, embedder, django_capture_on_commit_callbacks
+):
+    client.force_login(editor)
+    page, callbacks = _upload(client, run, _large_file(embedder, 60), django_capture_on_commit_callbacks)
+    job = ImportJob.objects.get(run=run)
+    assert "in the background" in page and f'id="import-job-{job.id}"' in page
+    assert "waiting for a worker" in page
+    upload_path = Path(job.path)
+    assert len(callbacks) == 1 and job.status == "queued" and upload_path.is_file()
+    assert not Experience.objects.filter(run=run).exists()  # the request did not import
+
+    assert import_bank(job.id) == "succeeded"
+    assert import_bank(job.id) == "not claimed"  # delivered twice: imported once
+    job.refresh_from_db()
+    assert (job.entries, job.path) == (60, "") and not upload_path.exists()
+    assert Experience.objects.in_bank(run.pk).count() == 60
+    status = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert "imported 60 entries" in status and "hx-trigger" not in status  # finished: polling stops
+
+
+def test_a_queued_import_shows_its_progress_and_polls(client, editor, run, embedder):
+    job = ImportJob.objects.create(run=run, file_name="f.jsonl", status="embedding", lines=80, done=20)
+    client.force_login(editor)
+    status = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert "20 of 80 lines" in status and 'value="25"' in status and 'hx-trigger="every 1s"' in status
+
+
+def test_a_large_upload_with_bad_lines_imports_nothing_and_the_page_names_the_lines(
+    client, editor, run, embedder, django_capture_on_commit_callbacks
+):
+    client.force_login(editor)
+    body = _large_file(embedder, 60, bad={7: "{not json", 59: json.dumps(_record(1) | {"pinned": "maybe"})})
+    _upload(client, run, body, django_capture_on_commit_callbacks)
+    job = ImportJob.objects.get(run=run)
+    assert import_bank(job.id) == "failed"
+    assert not Experience.objects.filter(run=run).exists() and not ImportRow.objects.exists()
+    assert not Path(job.path).exists()
+    page = client.get(reverse("bank", args=[run.id])).content.decode()
+    assert "nothing was imported" in page and "2 of 60 lines" in page and "line 7:" in page
+    assert "line 59: pinned" in page
+
+
+def test_a_failure_while_writing_rolls_the_whole_import_back(run, embedder, monkeypatch):
+    calls = []
+
+    def fail_on_second_chunk(run_id, entries, *, user=None):
+        calls.append(len(entries))
+        if len(calls) == 2:
+            raise RuntimeError("disk full")
+        return original(run_id, entries, user=user)
+
+    original = transfer.bank.add_imported
+    monkeypatch.setattr(transfer.bank, "add_imported", fail_on_second_chunk)
+    monkeypatch.setattr(transfer, "COMMIT_CHUNK", 2)
+    body = "".join(json.dumps(_record(i, embedder)) + "\n" for i in range(5))
+    job = ImportJob.objects.create(run=run)
+    with pytest.raises(RuntimeError):
+        transfer.run_job(job, io.StringIO(body), embedder)
+    job.refresh_from_db()
+    assert calls == [2, 2] and job.status == "failed" and "disk full" in job.error
+    assert not Experience.objects.filter(run=run).exists() and not ImportRow.objects.exists()
+
+
+def test_the_page_states_the_import_limits(client, editor, run):
+    client.force_login(editor)
+    page = client.get(reverse("bank", args=[run.id])).content.decode()
+    limits = page[page.index('id="import-limits"') :]
+    assert "50 MB" in limits and "200,000 entries" in limits and "20,000" in limits
