@@ -1,4 +1,7 @@
-"""ASGI entry point (daphne): HTTP through Django, WebSockets through Channels with session auth."""
+"""ASGI entry point (daphne): HTTP through Django, WebSockets through Channels with session auth.
+
+The server loads the embedding model in the background as it starts (``STUDIO_WARM_START``), so the first
+search by meaning does not wait for it."""
 
 import os
 
@@ -10,7 +13,9 @@ django_asgi_app = get_asgi_application()  # before importing consumers: it sets 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from experience.embedding import warm_up_in_background  # noqa: E402
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -19,3 +24,5 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+if settings.STUDIO_WARM_START:
+    warm_up_in_background()

@@ -281,16 +281,50 @@ def compare_series(runs: list[Run], *, max_points: int = charts.MAX_POINTS) -> d
 # ---- experience bank -----------------------------------------------------------------------------
 
 BANK_SORTS = {"recent": ("-updated_at", "-id"), "usage": ("-retrieval_count", "-id"), "success": None}
+BANK_PAGE_SIZE = 100
+"""Most entries the bank page lists (browsing or search results)."""
+SEMANTIC_MIN_SIMILARITY = 0.3
+"""Search by meaning lists only entries at least this similar (cosine, all-MiniLM-L6-v2) to the query. On a
+real bank (246 entries of MiniHack runs), queries about its content reach 0.65–0.77 with ~60 entries above
+0.4, while unrelated ones (shoes, a cake recipe, a failing test, a locked door) stay at or below 0.25."""
+
+
+@dataclass(frozen=True)
+class BankSearch:
+    """How a search was made, as the page states it: which entries it lists, and what it says when none."""
+
+    mode: str
+    """'semantic' or 'text': the search that ran (full text while the meaning model is still loading)."""
+    cutoff: str
+    nothing: str
+
+
+def bank_search(q: str, asked: str, limit: int = BANK_PAGE_SIZE) -> BankSearch:
+    """By meaning unless full text was asked for, or the model is still loading: a search never waits for it
+    (the web server starts loading it as it starts)."""
+    from experience.embedding import embedder_warming_up
+
+    if asked != "text" and not embedder_warming_up():
+        return BankSearch(
+            "semantic",
+            f"By meaning: entries with a similarity of at least {SEMANTIC_MIN_SIMILARITY:.2f} to the query, "
+            f"closest first, at most {limit}.",
+            f"Nothing is close in meaning to “{q}”: no entry has a similarity of at least "
+            f"{SEMANTIC_MIN_SIMILARITY:.2f}. Try other words, or full text.",
+        )
+    cutoff = f"Full text: entries with all the words, best match first, at most {limit}."
+    if asked != "text":
+        cutoff = f"The model for search by meaning is still loading (it loads as the server starts). {cutoff}"
+    return BankSearch("text", cutoff, f"No entry contains the words of “{q}”.")
 
 
 def bank_entries(run: Run, *, q: str = "", mode: str = "semantic", scope: str = "", sort: str = "recent",
-                 pinned: bool = False, limit: int = 100) -> list[Any]:  # fmt: skip
+                 pinned: bool = False, limit: int = BANK_PAGE_SIZE) -> list[Any]:  # fmt: skip
     """A run's bank for the bank page: search results by relevance, or browsing in the chosen order."""
     from experience import selectors as bank
 
     if q:
-        search = bank.experience_text_search if mode == "text" else bank.experience_semantic_search
-        found = list(search(run, q, scope=scope or None, limit=limit))
+        found = list(_search_one(run, q, mode, scope=scope or None, limit=limit))
         return [e for e in found if e.pinned] if pinned else found
     qs = bank.experience_list(run, scope=scope or None, pinned=True if pinned else None)
     if sort == "success":
@@ -323,18 +357,22 @@ def bank_search_across(
     runs: list[Run], q: str, *, mode: str = "semantic", limit: int = 30
 ) -> list[tuple[Run, Any]]:
     """The best matches for ``q`` over several runs' banks (each searched with the bank's own selector)."""
-    from experience import selectors as bank
-    from experience.embedding import default_embedder
-
-    hits: list[tuple[float, Run, Any]] = []
-    embedder = default_embedder() if mode == "semantic" else None
-    for run in runs:
-        if mode == "semantic":
-            hits += [
-                (e.similarity, run, e)
-                for e in bank.experience_semantic_search(run, q, limit=limit, embedder=embedder)
-            ]
-        else:
-            hits += [(e.rank, run, e) for e in bank.experience_text_search(run, q, limit=limit)]
+    hits = [
+        (e.similarity if mode == "semantic" else e.rank, run, e)
+        for run in runs
+        for e in _search_one(run, q, mode, limit=limit)
+    ]
     hits.sort(key=lambda h: -h[0])
     return [(run, e) for _, run, e in hits[:limit]]
+
+
+def _search_one(run: Run, q: str, mode: str, *, scope: str | None = None, limit: int) -> Any:
+    """One bank's matches: by meaning above SEMANTIC_MIN_SIMILARITY (``similarity``), or full text
+    (``rank``)."""
+    from experience import selectors as bank
+
+    if mode == "semantic":
+        return bank.experience_semantic_search(
+            run, q, scope=scope, limit=limit, min_similarity=SEMANTIC_MIN_SIMILARITY
+        )
+    return bank.experience_text_search(run, q, scope=scope, limit=limit)

@@ -166,6 +166,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # login throttling (django-axes) before the real check
+STUDIO_WARM_START = env_bool("STUDIO_WARM_START", True)
+"""The web server and each worker process load the embedding model in the background as they start."""
+
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = int(os.environ.get("STUDIO_LOGIN_FAILURES", "10"))

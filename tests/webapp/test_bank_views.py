@@ -110,16 +110,33 @@ def test_the_bank_lists_sorts_and_searches_by_meaning_and_text(client, editor, r
     assert usage.index("Open doors") < usage.index("Buy cheap") < usage.index("Avoid the monster")
     success = client.get(url, {"sort": "success"}).content.decode()
     assert success.index("Open doors") < success.index("Buy cheap") < success.index("Avoid the monster")
+    text = client.get(url, {"q": "monster", "mode": "text"}).content.decode()
+    assert "Avoid the monster" in text and "Open doors" not in text
+
+
+def test_search_by_meaning_lists_only_entries_above_its_stated_cut_off(client, editor, run, entries):
+    """Similarities to this query: Open doors 0.71, Avoid the monster 0.23, Buy cheap shoes 0.07."""
+    client.force_login(editor)
     semantic = client.get(
-        url,
+        reverse("bank", args=[run.id]),
         {"q": "the door is locked, how do I get through", "mode": "semantic"},
         headers={"HX-Request": "true", "HX-Target": "bank-list"},
     ).content.decode()
-    assert semantic.startswith('<div id="bank-list">') and semantic.index("Open doors") < semantic.index(
-        "Avoid"
-    )
-    text = client.get(url, {"q": "monster", "mode": "text"}).content.decode()
-    assert "Avoid the monster" in text and "Open doors" not in text
+    assert semantic.startswith('<div id="bank-list">') and "Open doors with keys" in semantic
+    assert "Avoid the monster" not in semantic and "Buy cheap shoes" not in semantic
+    assert "similarity of at least 0.30 to the query, closest first, at most 100" in semantic
+
+
+def test_search_by_meaning_says_when_nothing_in_the_bank_is_close(client, editor, run, entries):
+    client.force_login(editor)
+    query = {"q": "a good chocolate cake recipe", "mode": "semantic"}
+    page = client.get(reverse("bank", args=[run.id]), query).content.decode()
+    listed = page[page.index('id="bank-list"') :]
+    assert "Nothing is close in meaning to “a good chocolate cake recipe”" in listed
+    assert not any(title in listed for title in ("Open doors", "Avoid the monster", "Buy cheap"))
+    across = client.get(reverse("banks"), query).content.decode()
+    results = across[across.index('id="search-results"') : across.index('id="bank-runs"')]
+    assert "Nothing is close in meaning" in results and "Open doors" not in results
 
 
 def test_an_editor_edits_pins_deletes_and_undoes_and_each_change_is_recorded_as_a_persons(
