@@ -96,6 +96,7 @@ class Embedder:
 
 _default: Embedder | None = None
 _default_lock = threading.Lock()
+_warm_up: threading.Thread | None = None
 
 
 def default_embedder() -> Embedder:
@@ -105,3 +106,18 @@ def default_embedder() -> Embedder:
         if _default is None:
             _default = Embedder()
         return _default
+
+
+def warm_up_in_background() -> None:
+    """Start loading the process-wide embedder in a thread (the web server and each worker process call this
+    as they start), so that no request waits for the model; idempotent."""
+    global _warm_up
+    with _default_lock:
+        if _warm_up is None and _default is None:
+            _warm_up = threading.Thread(target=default_embedder, name="embedder-warm-up", daemon=True)
+            _warm_up.start()
+
+
+def embedder_warming_up() -> bool:
+    """True while the warm-up is still loading the model: a search should not wait for it."""
+    return _default is None and _warm_up is not None and _warm_up.is_alive()

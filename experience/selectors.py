@@ -42,11 +42,20 @@ def experience_scopes(run) -> list[str]:
 
 
 def experience_semantic_search(
-    run, text: str, *, scope: str | None = None, limit: int = 20, embedder: Embedder | None = None
+    run,
+    text: str,
+    *,
+    scope: str | None = None,
+    limit: int = 20,
+    min_similarity: float | None = None,
+    embedder: Embedder | None = None,
 ) -> QuerySet[Experience]:
-    """Entries closest in meaning to ``text`` (annotated with ``similarity``); counts no retrieval."""
+    """Entries closest in meaning to ``text`` (annotated with ``similarity``), at most ``limit``, only those
+    with a cosine similarity of at least ``min_similarity`` when given; counts no retrieval."""
     vector = (embedder or default_embedder()).embed_one(text)
     qs = Experience.objects.in_bank(run.pk, scope).annotate(distance=CosineDistance("embedding", vector))
+    if min_similarity is not None:
+        qs = qs.filter(distance__lte=1 - min_similarity)
     return qs.annotate(similarity=1 - F("distance")).defer("embedding").order_by("distance")[:limit]
 
 
