@@ -19,8 +19,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.experiments.stats import t_interval
+
 MAX_POINTS = 1000
 """Most points per series sent to a browser: long runs are thinned to one row per bucket of steps."""
+MAX_SERIES = 6
+"""Series drawn per panel at first; the legend shows the rest, a click on one draws it."""
+SMOOTH_MIN_POINTS = 10
+"""Smoothing never applies to a series with fewer points than this: a short run's curve is its values."""
 
 WITH_EXP = "with_exp/"
 """Eval keys with this segment are the with-experience column (``trainer.evaluate.WITH_EXP``)."""
@@ -34,42 +40,95 @@ class Panel:
     """'train' or 'eval': which metric rows it plots."""
     pattern: str
     """A regular expression (Python and JavaScript alike) a key must match in full; '' matches any key."""
+    section: str = ""
+    """The folded section it belongs to; '' for the short default set that answers "is it learning?"."""
 
 
+ACTOR, EVALUATION, EXPERIENCE, ROLLOUT, OTHER = (
+    "Actor",
+    "Evaluation",
+    "Experience bank and extractor",
+    "Rollout and engine",
+    "Other",
+)
 PANELS: tuple[Panel, ...] = (
+    # the default set, always open
     Panel(
         "success",
         "Success: all, with experience (guided), without (free)",
         "train",
         r"(train/)?(\w+/)?success.*",
     ),
-    Panel("reward", "Reward by subgroup", "train", r"(train/)?(\w+/)?reward.*"),
     Panel("eval-success", "Eval success with / without experience", "eval", r"(eval/)?(\S+/)?success.*"),
-    Panel("eval-actions", "Eval actions with / without experience", "eval", r"(eval/)?(\S+/)?actions.*"),
-    Panel("actor", "Actor loss, clip fraction, advantages", "train", r"(actor|adv)[/_].*"),
-    Panel("extractor", "Extractor loss and clip fraction", "train", r"extractor[/_].*"),
-    Panel(
-        "retrieval", "Retrieval and Search-and-Ask latency", "train", r".*(retriev|search_and_ask).*_(s|ms)"
-    ),
-    Panel("bank", "Bank size and experience use", "train", r"(bank|experience)[/_].*"),
-    Panel("ops", "Operation mix", "train", r"(\w+/)?ops[/_].*"),
-    Panel("parse", "Parse failures", "train", r".*parse.*"),
-    Panel("time", "Step time breakdown", "train", r"time[/_].*"),
+    Panel("reward", "Reward by subgroup", "train", r"(train/)?(\w+/)?reward.*"),
+    Panel("bank-size", "Bank size", "train", r"bank/size|\w+/bank_size"),
+    Panel("time", "Step time", "train", r"time[/_].*"),
+    # folded, by subsystem
+    Panel("actor", "Actor loss, clip fraction, advantages", "train", r"(actor|adv)[/_].*", ACTOR),
     Panel(
         "actions",
         "Actions, invalid actions, truncation",
         "train",
-        r"(train/)?(\w+/)?(actions|invalid|truncated).*",
+        r"(train/)?(\w+/)?(actions|invalid|truncated|episodes).*",
+        ACTOR,
     ),
-    Panel("other", "Other metrics", "train", ""),
-    Panel("eval-other", "Other eval", "eval", ""),
+    Panel(
+        "eval-actions",
+        "Eval actions with / without experience",
+        "eval",
+        r"(eval/)?(\S+/)?actions.*",
+        EVALUATION,
+    ),
+    Panel("eval-other", "Other eval", "eval", "", EVALUATION),
+    Panel(
+        "retrieval",
+        "Retrieval and Search-and-Ask latency",
+        "train",
+        r".*(retriev|search_and_ask).*_(s|ms)",
+        EXPERIENCE,
+    ),
+    Panel("bank", "Bank and experience use", "train", r"(bank|experience)[/_].*", EXPERIENCE),
+    Panel("extractor", "Extractor loss and clip fraction", "train", r"extractor[/_].*", EXPERIENCE),
+    Panel("ops", "Operation mix", "train", r"(\w+/)?ops[/_].*", EXPERIENCE),
+    Panel("parse", "Parse failures", "train", r".*parse.*", EXPERIENCE),
+    Panel("rollout", "Rollout throughput and engine", "train", r"(rollout|engine)[/_].*", ROLLOUT),
+    Panel("other", "Other metrics", "train", "", OTHER),
 )
 _COMPILED = [(p, re.compile(p.pattern) if p.pattern else None) for p in PANELS]
+
+LEADING_KEYS = (
+    "train/success", "train/guided/success", "train/free/success",
+    "eval/success", "eval/with_exp/success",
+    "train/reward", "train/guided/reward", "train/free/reward",
+    "bank/size", "experience/bank_size",
+    "time/step_s", "time/rollout_s", "time/backward_s",
+    "actor/loss", "eval/actions", "eval/with_exp/actions",
+)  # fmt: skip
+"""Keys a panel lists (and draws) first, in this order; the rest follow, shallowest names first."""
+COMPARE_DEFAULT = (
+    "train/success", "train/guided/success", "train/free/success", "eval/success", "eval/with_exp/success",
+    "train/reward", "bank/size", "experience/bank_size", "time/step_s",
+)  # fmt: skip
+"""The metrics a comparison shows until a person picks others: the short "is it learning?" set."""
+
+
+def chart_options() -> dict[str, Any]:
+    """What the browser needs to place and draw keys as this module does (charts.js)."""
+    return {"leading": LEADING_KEYS, "max_series": MAX_SERIES, "smooth_min_points": SMOOTH_MIN_POINTS}
+
+
+def key_order(key: str) -> tuple[int, int, str]:
+    """Sort key of a metric within its panel: the leading keys, then by depth, then by name."""
+    rank = LEADING_KEYS.index(key) if key in LEADING_KEYS else len(LEADING_KEYS)
+    return rank, key.count("/"), key
 
 
 def catalogue() -> list[dict[str, Any]]:
     """Every panel with its pattern, catch-alls last: browsers place keys that first appear live with it."""
-    return [{"id": p.id, "title": p.title, "kind": p.kind, "pattern": p.pattern} for p in PANELS]
+    return [
+        {"id": p.id, "title": p.title, "kind": p.kind, "pattern": p.pattern, "section": p.section}
+        for p in PANELS
+    ]
 
 
 def panel_of(kind: str, key: str) -> Panel:
@@ -80,15 +139,31 @@ def panel_of(kind: str, key: str) -> Panel:
 
 
 def panels_for(keys: Mapping[str, Iterable[str]]) -> list[dict[str, Any]]:
-    """The panels to draw for the keys present per kind, in catalogue order: ``[{id, title, kind, keys}]``."""
+    """The panels to draw for the keys present per kind, in catalogue order, each panel's keys in
+    ``key_order``: ``[{id, title, kind, section, keys}]``."""
     chosen: dict[str, dict[str, Any]] = {}
     for kind, kind_keys in keys.items():
-        for key in sorted(kind_keys):
+        for key in kind_keys:
             panel = panel_of(kind, key)
-            chosen.setdefault(panel.id, {"id": panel.id, "title": panel.title, "kind": kind, "keys": []})
-            chosen[panel.id]["keys"].append(key)
+            entry = {"id": panel.id, "title": panel.title, "kind": kind, "section": panel.section, "keys": []}
+            chosen.setdefault(panel.id, entry)["keys"].append(key)
+    for panel in chosen.values():
+        panel["keys"].sort(key=key_order)
     order = [p.id for p in PANELS]
     return sorted(chosen.values(), key=lambda p: order.index(p["id"]))
+
+
+def default_metrics(metrics: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The comparison's starting set among ``(kind, key)`` metrics present: ``COMPARE_DEFAULT`` in its order
+    (or, for runs that have none of it, the first few)."""
+    present = set(metrics)
+    short = [(kind_of(key), key) for key in COMPARE_DEFAULT if (kind_of(key), key) in present]
+    return short or list(metrics[:MAX_SERIES])
+
+
+def kind_of(key: str) -> str:
+    """The metric kind a trainer key is recorded under: eval keys start with ``eval/``."""
+    return "eval" if key.startswith("eval/") else "train"
 
 
 def bucket_size(max_step: int, max_points: int = MAX_POINTS) -> int:
@@ -123,20 +198,27 @@ def ema(values: Sequence[float | None], weight: float) -> list[float | None]:
     return out
 
 
+def smooth(values: Sequence[float | None], weight: float) -> list[float | None]:
+    """What a panel draws for a smoothing weight: the values themselves at weight 0 or with fewer than
+    ``SMOOTH_MIN_POINTS`` points (a short run is shown as it is), else their ``ema``. Mirrors charts.js."""
+    if weight <= 0 or sum(v is not None for v in values) < SMOOTH_MIN_POINTS:
+        return list(values)
+    return ema(values, weight)
+
+
 def mean_band(
     series: Sequence[Mapping[int, float | None]],
 ) -> tuple[list[int], list[float | None], list[float | None], list[float | None]]:
-    """Align runs by step: (steps, mean, mean - std, mean + std) over the runs present at each step."""
+    """Align runs (seeds) by step: (steps, mean, low, high), the 95% Student-t interval of the mean over the
+    runs present at each step, as the experiment reports give it; low and high are None with one run."""
     steps = sorted(set().union(*[s.keys() for s in series])) if series else []
     mean, lo, hi = [], [], []
     for step in steps:
         xs = [s[step] for s in series if step in s and s[step] is not None]
-        if not xs:
-            mean.append(None), lo.append(None), hi.append(None)
-            continue
-        m = sum(xs) / len(xs)
-        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
-        mean.append(m), lo.append(m - sd), hi.append(m + sd)
+        band = t_interval(xs)
+        mean.append(band.mean if xs else None)
+        lo.append(band.low if band.n > 1 else None)
+        hi.append(band.high if band.n > 1 else None)
     return steps, mean, lo, hi
 
 
@@ -198,7 +280,9 @@ class Comparison:
     groups: list[dict[str, Any]]
     """``{label, colour, runs, series: {kind: {key: {step, wall, mean, lo, hi}}}}`` (empty when ungrouped)"""
     metrics: list[dict[str, str]]
-    """``{kind, key}`` for every metric any run has."""
+    """``{kind, key, panel, section, selected}`` for every metric any run has, in panel order (the picker)."""
+    selected: list[dict[str, str]]
+    """``{kind, key}`` of the metrics drawn as small multiples (``default_metrics`` unless picked)."""
     summary: list[dict[str, Any]]
     """Per metric: ``{kind, key, cells: [(final, best) per run]}``."""
     eval_table: dict[str, Any]
@@ -206,7 +290,7 @@ class Comparison:
     diff: list[tuple[str, list[Any]]]
 
     def chart_data(self) -> dict[str, Any]:
-        return {"runs": self.runs, "groups": self.groups, "metrics": self.metrics}
+        return {"runs": self.runs, "groups": self.groups, "metrics": self.metrics, **chart_options()}
 
     def csv_rows(self) -> list[list[Any]]:
         rows = []
@@ -217,6 +301,13 @@ class Comparison:
                         if value is not None:
                             rows.append([run["id"], run["name"], run["group"], kind, key, step, wall, value])
         return rows
+
+
+def default_group(runs: Sequence[Any]) -> str:
+    """'seeds' when two of the runs are seeds of one arm of an experiment (their mean and 95% band say more
+    than their lines), else '' (one line per run)."""
+    arms = [(r.experiment_id, r.cell.rsplit("/s", 1)[0]) for r in runs if r.experiment_id and r.cell]
+    return "seeds" if len(arms) != len(set(arms)) else ""
 
 
 def _group_labels(runs: Sequence[Any], group: str) -> list[str]:
@@ -251,10 +342,28 @@ def _eval_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"envs": [*envs, "average success", "mean actions"], "rows": rows}
 
 
+def _picker_entries(
+    metrics: Sequence[tuple[str, str]], selected: Sequence[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """The metrics as the picker lists them: by panel in catalogue order, each panel's keys in order."""
+    panels = panels_for({kind: [k for m, k in metrics if m == kind] for kind in ("train", "eval")})
+    return [
+        {"kind": p["kind"], "key": key, "panel": p["title"], "section": p["section"] or "Is it learning?",
+         "selected": (p["kind"], key) in selected}
+        for p in panels
+        for key in p["keys"]
+    ]  # fmt: skip
+
+
 def build_comparison(
-    runs: Sequence[Any], series: Mapping[int, Mapping[str, Any]], *, group: str = ""
+    runs: Sequence[Any],
+    series: Mapping[int, Mapping[str, Any]],
+    *,
+    group: str = "",
+    picked: Sequence[tuple[str, str]] = (),
 ) -> Comparison:
-    """Everything the compare page shows, from the runs and their (equally bucketed) ``Series``."""
+    """Everything the compare page shows, from the runs and their (equally bucketed) ``Series``; ``picked``
+    ``(kind, key)`` metrics are drawn (those the runs have), else the short default set."""
     labels = _group_labels(runs, group)
     order = list(dict.fromkeys(labels))
     out_runs = []
@@ -291,10 +400,12 @@ def build_comparison(
     for kind, key in metrics:
         cells = [final_and_best(r["series"][kind]["values"].get(key, []), key) for r in out_runs]
         summary.append({"kind": kind, "key": key, "cells": cells})
+    selected = [m for m in picked if m in set(metrics)] or default_metrics(metrics)
     return Comparison(
         runs=out_runs,
         groups=groups,
-        metrics=[{"kind": k, "key": key} for k, key in metrics],
+        metrics=_picker_entries(metrics, selected),
+        selected=[{"kind": k, "key": key} for k, key in selected],
         summary=summary,
         eval_table=_eval_table(out_runs),
         diff=config_diff([r.config for r in runs]),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,74 @@ def _field_for(message: str) -> str | None:
     return None
 
 
+# ---- launch templates: the config files in configs/ and configs/experiments/ ---------------------------
+
+TEMPLATE_SUFFIXES = (".toml", ".json")
+
+
+@dataclass(frozen=True)
+class ConfigTemplate:
+    """A config file the launch form can start from; its leading comment is its help text."""
+
+    name: str
+    """Its path under ``configs/``: ``cpu-room-random-grpo.toml``, ``experiments/room-random.toml``."""
+    path: Path
+    help: str
+    experiment: bool
+    """An experiment file (methods × seeds), not a run's config."""
+
+
+def configs_dir() -> Path:
+    return paths.REPO_ROOT / "configs"
+
+
+def leading_comment(text: str) -> str:
+    """The ``#`` lines a file starts with, without the ``#`` (indentation inside the comment kept)."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].removeprefix(" ").rstrip())
+    return "\n".join(lines).strip("\n")
+
+
+def config_templates() -> list[ConfigTemplate]:
+    """Every run config in ``configs/`` and every experiment in ``configs/experiments/``, by name."""
+    root = configs_dir()
+    found = []
+    for folder, experiment in ((root, False), (root / "experiments", True)):
+        for path in sorted(folder.glob("*")):
+            if path.suffix in TEMPLATE_SUFFIXES and path.is_file():
+                name = str(path.relative_to(root))
+                found.append(ConfigTemplate(name, path, leading_comment(path.read_text()), experiment))
+    return found
+
+
+def _free_experiment_name(name: str) -> str:
+    """``name``, or ``name-2``, ``name-3`` ... when an experiment has it already."""
+    taken = set(Experiment.objects.filter(name__startswith=name).values_list("name", flat=True))
+    return next(n for n in [name, *(f"{name}-{i}" for i in range(2, 1000))] if n not in taken)[:80]
+
+
+def template_initial(template: ConfigTemplate) -> dict[str, Any]:
+    """The launch form's values for a template: a run config as it is; an experiment's first cell (its
+    base, budget, first method and first seed) with its name, methods and seeds in the experiment fields."""
+    if not template.experiment:
+        config = RunConfig.from_file(template.path)
+        raw = template.path.read_text()
+        preset = (tomllib.loads(raw) if template.path.suffix == ".toml" else json.loads(raw)).get("preset")
+        return config_initial(config) | {"preset": preset if preset in PRESETS else "cpu"}
+    spec = ExperimentSpec.from_file(template.path)
+    method = spec.methods[0] if spec.methods else spec.variants[0].method
+    config = spec.base.with_overrides(**spec.budget, method=method, seed=min(spec.seeds))
+    return config_initial(config) | {
+        "name": spec.description[:150],
+        "experiment": _free_experiment_name(spec.name),
+        "experiment_methods": list(spec.methods),
+        "experiment_seeds": list(spec.seeds),
+    }
+
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -112,6 +182,8 @@ def clean_model_path(value: str) -> str:
 class LaunchForm(forms.Form):
     """A new run: environment, method, ablations, models and the hyper-parameters people change."""
 
+    template = forms.ChoiceField(required=False, label="Start from a template")
+    """A config file that fills the form (only fills it: what launches is what the form then says)."""
     name = forms.CharField(max_length=150, required=False, help_text="Default: method and environment.")
     preset = forms.ChoiceField(choices=[(p, p) for p in PRESETS], initial="cpu")
     env = forms.ChoiceField(label="Environment or mixture")
@@ -169,6 +241,10 @@ class LaunchForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["env"].choices = env_choices()
+        self.templates = config_templates()
+        self.fields["template"].choices = [("", "none: the preset's values")] + [
+            (t.name, f"configs/{t.name}") for t in self.templates
+        ]
         if not self.is_bound:
             self.initial.setdefault("submission", uuid.uuid4().hex)
         self.config: RunConfig | None = None
@@ -266,12 +342,27 @@ class LaunchForm(forms.Form):
     def for_preset(cls, name: str) -> LaunchForm:
         return cls(initial=config_initial(get_preset(name)) | {"preset": name})
 
+    @classmethod
+    def for_template(cls, name: str) -> LaunchForm:
+        """The form filled from the template ``name``; ConfigError if there is none or it is invalid."""
+        template = next((t for t in config_templates() if t.name == name), None)
+        if template is None:
+            raise ConfigError(f"no template {name!r} in configs/")
+        return cls(initial=template_initial(template) | {"template": name})
+
+    @property
+    def chosen_template(self) -> ConfigTemplate | None:
+        name = self["template"].value()
+        return next((t for t in self.templates if t.name == name), None)
+
 
 class RunFilterForm(forms.Form):
     """The runs list's filters and sort order; anything invalid is ignored with a message."""
 
     q = forms.CharField(required=False, max_length=100, label="Search")
-    status = forms.ChoiceField(required=False, choices=[("", "any status"), *Run.Status.choices])
+    status = forms.ChoiceField(
+        required=False, choices=[("", "any status"), *Run.Status.choices, ("lost", "Lost")]
+    )
     method = forms.ChoiceField(required=False, choices=[("", "any method"), *[(m, m) for m in METHODS]])
     env = forms.CharField(required=False, max_length=100, label="Environment")
     tag = forms.CharField(required=False, max_length=100)
@@ -301,13 +392,32 @@ class IdListField(forms.Field):
             raise forms.ValidationError("run ids must be whole numbers") from None
 
 
+class MetricListField(forms.Field):
+    """Repeated ``?metric=train:train/success`` parameters as ``(kind, key)`` pairs, in order."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[tuple[str, str]]:
+        out = []
+        for item in value or []:
+            kind, sep, key = str(item).partition(":")
+            if not sep or kind not in ("train", "eval") or not key:
+                raise forms.ValidationError(f"a metric is kind:name, e.g. train:train/success (got {item!r})")
+            out.append((kind, key))
+        return list(dict.fromkeys(out))
+
+
 class CompareForm(forms.Form):
     """Which runs to compare and how: the URL holds all of it, so it can be shared."""
 
     runs = IdListField(error_messages={"required": "select at least one run to compare"})
     group = forms.CharField(
-        required=False, max_length=100, help_text="'seeds' or a config key such as method."
+        required=False,
+        max_length=100,
+        help_text="'seeds', 'none', or a config key such as method; by default seeds of one experiment arm "
+        "are grouped.",
     )
+    metric = MetricListField(required=False)
     x = forms.ChoiceField(required=False, choices=[("step", "step"), ("wall", "wall time")])
     smooth = forms.FloatField(required=False, min_value=0, max_value=0.99)
 

@@ -25,6 +25,19 @@ class RunQuerySet(models.QuerySet):
     def active(self) -> RunQuerySet:
         return self.filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
 
+    def lost(self) -> RunQuerySet:
+        """Running, but the worker stopped beating (``Run.is_lost``)."""
+        stale = timezone.now() - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
+        return self.filter(status=Run.Status.RUNNING, heartbeat_at__lt=stale)
+
+    def with_display_status(self, status: str) -> RunQuerySet:
+        """Runs showing ``status`` (``Run.display_status``): 'lost' ones apart from those still 'running'."""
+        if status == "lost":
+            return self.lost()
+        if status == Run.Status.RUNNING:
+            return self.filter(status=status).exclude(pk__in=self.lost().values("pk"))
+        return self.filter(status=status)
+
 
 class Experiment(models.Model):
     """A named grid of runs (methods × seeds on one shared budget) from ``configs/experiments/*.toml``;

@@ -43,7 +43,7 @@ def run_list(user, *, filters: dict[str, Any] | None = None, sort: str = "create
     )
     qs = Run.objects.visible_to(user).select_related("owner").annotate(latest_success=Subquery(latest))
     if filters.get("status"):
-        qs = qs.filter(status=filters["status"])
+        qs = qs.with_display_status(filters["status"])
     if filters.get("method"):
         qs = qs.filter(method=filters["method"])
     if filters.get("env"):
@@ -173,6 +173,7 @@ def run_metrics(run: Run, *, max_points: int = charts.MAX_POINTS) -> dict[str, A
         "panels": charts.panels_for({"train": train.values, "eval": evals.values}),
         "catalogue": charts.catalogue(),
         "cursor": max(train.cursor, evals.cursor),
+        **charts.chart_options(),
     }
 
 

@@ -8,7 +8,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from webapp.charts import build_comparison
+from webapp.charts import build_comparison, default_group
 from webapp.forms import CompareForm
 from webapp.selectors import compare_series, runs_get
 
@@ -21,12 +21,16 @@ def _comparison(request: HttpRequest):
     if not runs:
         form.add_error("runs", "none of these runs exists or is visible to you")
         return form, None
-    group = form.cleaned_data["group"] or ""
-    return form, build_comparison(runs, compare_series(runs), group=group)
+    group = form.cleaned_data["group"] if "group" in request.GET else default_group(runs)
+    form.cleaned_data["group"] = group  # the page shows the grouping it applied
+    group = "" if group == "none" else group
+    picked = form.cleaned_data["metric"]
+    return form, build_comparison(runs, compare_series(runs), group=group or "", picked=picked)
 
 
 def compare(request: HttpRequest) -> HttpResponse:
-    """GET ?runs=1&runs=2[&group=seeds|<config key>][&x=step|wall][&smooth=0.6]: shareable as a URL."""
+    """GET ?runs=1&runs=2[&group=seeds|none|<config key>][&metric=train:train/success ...][&x=step|wall]
+    [&smooth=0.6]: shareable as a URL. Smoothing is off unless asked for."""
     form, comparison = _comparison(request)
     if comparison is None:
         for errors in form.errors.values():
@@ -37,7 +41,7 @@ def compare(request: HttpRequest) -> HttpResponse:
         "form": form,
         "comparison": comparison,
         "x": form.cleaned_data["x"] or "step",
-        "smooth": form.cleaned_data["smooth"] if form.cleaned_data["smooth"] is not None else 0.6,
+        "smooth": form.cleaned_data["smooth"] or 0,
     }
     return render(request, "webapp/compare.html", context)
 

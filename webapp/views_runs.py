@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from trainer.config import PRESETS
+from trainer.config import PRESETS, ConfigError
 from webapp.charts import flatten
 from webapp.forms import LaunchForm, config_initial
 from webapp.models import Run
@@ -27,7 +27,8 @@ from webapp.services import (
 
 
 def run_launch(request: HttpRequest) -> HttpResponse:
-    """The launch form. GET ?preset=NAME starts from a preset, ?clone=ID from a run's config."""
+    """The launch form. GET ?preset=NAME starts from a preset, ?template=NAME from a file in configs/
+    (htmx swaps the form when either is picked), ?clone=ID from a run's config."""
     if not can_launch(request.user):
         raise PermissionDenied("you may not launch runs")
     if request.method == "POST":
@@ -37,6 +38,12 @@ def run_launch(request: HttpRequest) -> HttpResponse:
             raise Http404("no such run")
         initial = run_clone_initial(run_get(request.user, int(clone_id)))
         form = LaunchForm(initial=config_initial(initial.pop("base")) | initial)
+    elif template := request.GET.get("template"):
+        try:
+            form = LaunchForm.for_template(template)
+        except ConfigError as err:
+            messages.error(request, f"The template could not be used: {err}")
+            form = LaunchForm.for_preset("cpu")
     else:
         preset = request.GET.get("preset", "cpu")
         form = LaunchForm.for_preset(preset if preset in PRESETS else "cpu")

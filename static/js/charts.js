@@ -1,7 +1,10 @@
-/* Dashboard charts: uPlot panels for a run (live over a WebSocket) and for a comparison of runs. */
+/* Dashboard charts: uPlot panels for a run (live over a WebSocket) and small multiples comparing runs.
+   What goes where comes from the server (webapp/charts.py): the panel catalogue with its sections, the keys
+   drawn first, how many series a panel draws at first, and how few points are never smoothed. */
 "use strict";
 const Studio = (() => {
   const PALETTE = ["#2f6fed", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285", "#e67700", "#5c940d", "#364fc7"];
+  const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000];
 
   // TensorBoard-style exponential smoothing with debiasing; gaps stay gaps (mirrors webapp/charts.py ema).
   function ema(values, weight) {
@@ -14,58 +17,163 @@ const Studio = (() => {
     });
   }
 
-  function panelWidth(el) { return Math.max(280, el.clientWidth - 8); }
+  // What a curve draws: its own values at weight 0 or with fewer than minPoints points (charts.py smooth).
+  function smooth(values, weight, minPoints) {
+    const points = values.filter((v) => v !== null && v !== undefined).length;
+    return weight <= 0 || points < minPoints ? values.slice() : ema(values, weight);
+  }
 
-  function makePlot(container, id, title, xLabel, series, data, extra = {}) {
+  function fmt(v) {
+    if (v === null || v === undefined) return "–";
+    return Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)));
+  }
+
+  // [first, last] of the steps given (the run's own range; one step gets a unit either side, not 0-100).
+  function stepRange(stepLists) {
+    let lo = Infinity, hi = -Infinity;
+    for (const steps of stepLists) for (const s of steps || []) { if (s < lo) lo = s; if (s > hi) hi = s; }
+    if (lo === Infinity) return [0, 1];
+    return lo === hi ? [Math.max(0, lo - 1), hi + 1] : [lo, hi];
+  }
+
+  function chartWidth(el) { return Math.max(240, el.clientWidth - 8); }
+
+  /* One uPlot chart in a new box under ``parent``. ``lines``: uPlot series (without x); ``raw``: the values
+     the hover legend shows (aligned with ``data``); ``range``: a function giving the x range, or null. */
+  function makePlot(parent, { id, title, xLabel, lines, data, raw, range, height, extra = {} }) {
     const box = document.createElement("div");
     box.className = "chart";
     box.id = "chart-" + id;
-    container.appendChild(box);
+    parent.appendChild(box);
+    const series = lines.map((line, i) => ({
+      spanGaps: true,
+      ...line,
+      value: (u, v, si, idx) => fmt(raw[si] ? raw[si][idx] : v),
+    }));
+    const xAxis = range ? { label: xLabel, incrs: STEP_INCRS, values: (u, ticks) => ticks.map(String) } : { label: xLabel };
     const opts = {
-      title, width: panelWidth(box), height: 220,
-      scales: { x: { time: false } },
-      axes: [{ label: xLabel }, {}],
-      series: [{ label: xLabel }, ...series],
+      title, width: chartWidth(box), height,
+      scales: { x: range ? { time: false, range: () => range() } : { time: false } },
+      axes: [xAxis, {}],
+      series: [{ label: xLabel, value: (u, v) => fmt(v) }, ...series],
       ...extra,
     };
-    return new uPlot(opts, data, box);
+    const plot = new uPlot(opts, data, box);
+    plot.raw = raw;
+    return plot;
+  }
+
+  function onResize(plots, height) {
+    window.addEventListener("resize", () => {
+      for (const p of Object.values(plots)) p.setSize({ width: chartWidth(p.root.parentNode), height });
+    });
   }
 
   // ---- the run page -----------------------------------------------------------------------------
   function runPage({ data, socketPath }) {
-    const container = document.getElementById("charts");
+    const HEIGHT = 220;
+    const grid = document.getElementById("charts");
+    const sectionsBox = document.getElementById("panel-sections");
+    const filterBox = document.getElementById("panel-filter");
     const slider = document.getElementById("smoothing");
     const sliderValue = document.getElementById("smoothing-value");
     const liveState = document.getElementById("live-state");
     const series = data.series;            // {train: {step, wall, values: {key: [...]}}, eval: {...}}
-    let panels = data.panels;              // [{id, title, kind, keys}]
-    const catalogue = data.catalogue;      // every panel and the keys it takes (webapp/charts.py PANELS)
+    let panels = data.panels;              // [{id, title, kind, section, keys}]
+    const catalogue = data.catalogue;      // every panel, its pattern and section (webapp/charts.py PANELS)
+    const leading = data.leading;          // keys drawn first, in order (charts.LEADING_KEYS)
     const patterns = catalogue.map((p) => (p.pattern ? new RegExp("^(?:" + p.pattern + ")$") : null));
     let cursor = data.cursor;              // newest metric row id the page holds
     const plots = {};
+    const userOpen = new Set();            // sections the person opened (the filter opens others for a while)
     const lastStep = { train: lastOf(series.train.step), eval: lastOf(series.eval.step) };
 
     function lastOf(a) { return a && a.length ? a[a.length - 1] : -1; }
+    const range = () => stepRange([series.train.step, series.eval.step]);
 
-    function panelData(panel) {
+    function columns(panel, weight) {
       const s = series[panel.kind];
-      const w = parseFloat(slider.value);
-      return [s.step, ...panel.keys.map((k) => (panel.kind === "train" ? ema(s.values[k], w) : s.values[k]))];
+      const ys = panel.keys.map((k) => (panel.kind === "train" ? smooth(s.values[k], weight, data.smooth_min_points) : s.values[k].slice()));
+      return [s.step.slice(), ...ys];
     }
 
+    function draw(panel, parent) {
+      const lines = panel.keys.map((k, i) => ({
+        label: k, stroke: PALETTE[i % PALETTE.length], width: 1.5, show: i < data.max_series,
+      }));
+      plots[panel.id] = makePlot(parent, {
+        id: panel.id, title: panel.title, xLabel: "step", lines, height: HEIGHT, range,
+        data: columns(panel, parseFloat(slider.value)), raw: columns(panel, 0),
+      });
+      plots[panel.id].root.parentNode.dataset.search = (panel.title + " " + panel.keys.join(" ")).toLowerCase();
+    }
+
+    function sectionOf(panel) { return panel.section || ""; }
+
     function build() {
-      container.innerHTML = "";
+      grid.innerHTML = "";
+      sectionsBox.innerHTML = "";
       for (const key of Object.keys(plots)) delete plots[key];
+      for (const panel of panels.filter((p) => !sectionOf(p))) draw(panel, grid);
+      const names = [...new Set(panels.map(sectionOf).filter(Boolean))];
+      for (const name of names) {
+        const members = panels.filter((p) => sectionOf(p) === name);
+        const details = document.createElement("details");
+        details.className = "panel-section";
+        details.dataset.section = name;
+        const summary = document.createElement("summary");
+        summary.textContent = name + " ";
+        const count = document.createElement("span");
+        count.className = "muted";
+        count.textContent = "(" + members.map((p) => p.title).join(" · ") + ")";
+        summary.appendChild(count);
+        const body = document.createElement("div");
+        body.className = "charts";
+        details.append(summary, body);
+        sectionsBox.appendChild(details);
+        details.addEventListener("toggle", () => {
+          if (details.open && !body.childElementCount) for (const p of members) draw(p, body);
+          if (!filterBox.value.trim()) { if (details.open) userOpen.add(name); else userOpen.delete(name); }
+          applyFilter();
+        });
+        if (userOpen.has(name)) details.open = true;  // drawn by the toggle handler
+      }
+      applyFilter();
+    }
+
+    // Panels whose title or metric names contain the filter text; sections with a match open, others hide.
+    function applyFilter() {
+      const q = filterBox.value.trim().toLowerCase();
+      const matches = (p) => !q || (p.title + " " + p.keys.join(" ")).toLowerCase().includes(q);
+      for (const details of sectionsBox.querySelectorAll("details")) {
+        const any = panels.some((p) => sectionOf(p) === details.dataset.section && matches(p));
+        details.hidden = !any;
+        const wanted = q ? any : userOpen.has(details.dataset.section);
+        if (details.open !== wanted) details.open = wanted;
+      }
+      for (const box of document.querySelectorAll("#charts .chart, #panel-sections .chart")) {
+        box.hidden = Boolean(q) && !box.dataset.search.includes(q);
+      }
+      const shown = panels.filter(matches).length;
+      document.getElementById("panel-count").textContent = q ? shown + " of " + panels.length + " panels" : panels.length + " panels";
+    }
+
+    function redraw() {
+      const w = parseFloat(slider.value);
       for (const panel of panels) {
-        const lines = panel.keys.map((k, i) => ({ label: k, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true }));
-        plots[panel.id] = makePlot(container, panel.id, panel.title, "step", lines, panelData(panel));
+        const plot = plots[panel.id];
+        if (!plot) continue;
+        plot.raw = columns(panel, 0);
+        plot.setData(columns(panel, w));
       }
     }
 
-    function redraw() { for (const panel of panels) plots[panel.id].setData(panelData(panel)); }
+    function panelFor(kind, key) { return panels.find((p) => p.kind === kind && p.keys.includes(key)); }
 
-    function panelFor(kind, key) {
-      return panels.find((p) => p.kind === kind && p.keys.includes(key));
+    function keyOrder(a, b) {
+      const rank = (k) => (leading.includes(k) ? leading.indexOf(k) : leading.length);
+      const depth = (k) => k.split("/").length;
+      return rank(a) - rank(b) || depth(a) - depth(b) || (a < b ? -1 : a > b ? 1 : 0);
     }
 
     function append(event) {
@@ -100,13 +208,14 @@ const Studio = (() => {
     function regroup() {
       const out = [];
       for (const kind of ["train", "eval"]) {
-        for (const key of Object.keys(series[kind].values).sort()) {
+        for (const key of Object.keys(series[kind].values)) {
           const i = catalogue.findIndex((p, j) => p.kind === kind && (patterns[j] === null || patterns[j].test(key)));
           let panel = out.find((p) => p.id === catalogue[i].id);
-          if (!panel) { panel = { id: catalogue[i].id, title: catalogue[i].title, kind, order: i, keys: [] }; out.push(panel); }
+          if (!panel) { panel = { id: catalogue[i].id, title: catalogue[i].title, kind, section: catalogue[i].section, order: i, keys: [] }; out.push(panel); }
           panel.keys.push(key);
         }
       }
+      for (const panel of out) panel.keys.sort(keyOrder);
       panels = out.sort((a, b) => a.order - b.order);
     }
 
@@ -129,64 +238,105 @@ const Studio = (() => {
     }
 
     slider.addEventListener("input", () => { sliderValue.textContent = slider.value; redraw(); });
-    window.addEventListener("resize", () => { for (const p of Object.values(plots)) p.setSize({ width: panelWidth(p.root.parentNode), height: 220 }); });
+    filterBox.addEventListener("input", applyFilter);
+    onResize(plots, HEIGHT);
     build();
     connect(1000);
-    window.studioRun = { series, get cursor() { return cursor; } };   // for tests and curious users
+    window.studioRun = { series, plots, get cursor() { return cursor; } };   // for tests and curious users
   }
 
-  // ---- the compare page -------------------------------------------------------------------------
-  function comparePage({ data, x, smooth }) {
-    const container = document.getElementById("charts");
+  // ---- the compare page: one small chart per picked metric, runs (or seed groups) as lines -------
+  function comparePage({ data, x }) {
+    const HEIGHT = 170;
+    const grid = document.getElementById("charts");
     const slider = document.getElementById("smoothing");
     const sliderValue = document.getElementById("smoothing-value");
+    const picker = document.getElementById("metric-picker");
+    const pickerFilter = document.getElementById("metric-filter");
     const grouped = data.groups.length > 0;
-    const plots = [];
+    const plots = {};
+    const wall = x === "wall";
+    const allSteps = data.runs.flatMap((r) => [r.series.train.step, r.series.eval.step]);
+    const range = wall ? null : () => stepRange(allSteps);
 
-    function chartFor(metric) {
-      const w = parseFloat(slider.value);
-      const smoothed = (vals) => (metric.kind === "train" ? ema(vals, w) : vals);
-      const lines = [], columns = [];
+    function chartFor(metric, weight) {
+      const sm = (vals) => (metric.kind === "train" ? smooth(vals, weight, data.smooth_min_points) : vals.slice());
+      const lines = [], shown = [], raw = [], bands = [];
       if (grouped) {
-        const bands = [];
         for (const g of data.groups) {
           const s = g.series[metric.kind][metric.key];
           if (!s) continue;
-          const xs = x === "wall" ? s.wall : s.step;
+          const xs = wall ? s.wall : s.step;
           const base = lines.length + 1;
-          lines.push({ label: g.label + " mean", stroke: g.colour, width: 2, spanGaps: true },
-                     { label: g.label + " −σ", stroke: g.colour + "55", width: 0.5, spanGaps: true },
-                     { label: g.label + " +σ", stroke: g.colour + "55", width: 0.5, spanGaps: true });
-          columns.push([xs, smoothed(s.mean)], [xs, smoothed(s.lo)], [xs, smoothed(s.hi)]);
+          lines.push({ label: g.label + " mean", stroke: g.colour, width: 2 },
+                     { label: "95% low", stroke: g.colour + "55", width: 0.5, spanGaps: false },
+                     { label: "95% high", stroke: g.colour + "55", width: 0.5, spanGaps: false });
+          shown.push([xs, sm(s.mean)], [xs, sm(s.lo)], [xs, sm(s.hi)]);
+          raw.push([xs, s.mean], [xs, s.lo], [xs, s.hi]);
           bands.push({ series: [base + 2, base + 1], fill: g.colour + "22" });
         }
-        return { lines, data: uPlot.join(columns), extra: { bands } };
+      } else {
+        for (const r of data.runs) {
+          const s = r.series[metric.kind];
+          if (!s.values[metric.key]) continue;
+          const xs = wall ? s.wall : s.step;
+          lines.push({ label: r.name, stroke: r.colour, width: 1.5 });
+          shown.push([xs, sm(s.values[metric.key])]);
+          raw.push([xs, s.values[metric.key]]);
+        }
       }
-      for (const r of data.runs) {
-        const s = r.series[metric.kind];
-        if (!s.values[metric.key]) continue;
-        lines.push({ label: r.name, stroke: r.colour, width: 1.5, spanGaps: true });
-        columns.push([x === "wall" ? s.wall : s.step, smoothed(s.values[metric.key])]);
-      }
-      return { lines, data: uPlot.join(columns), extra: {} };
+      return { lines, data: uPlot.join(shown), raw: uPlot.join(raw), extra: bands.length ? { bands } : {} };
+    }
+
+    function selected() {
+      return [...picker.querySelectorAll("input[name=metric]:checked")].map((box) => {
+        const i = box.value.indexOf(":");
+        return { kind: box.value.slice(0, i), key: box.value.slice(i + 1) };
+      });
     }
 
     function build() {
-      container.innerHTML = "";
-      plots.length = 0;
-      for (const metric of data.metrics) {
-        const c = chartFor(metric);
+      grid.innerHTML = "";
+      for (const key of Object.keys(plots)) delete plots[key];
+      const weight = parseFloat(slider.value);
+      for (const metric of selected()) {
+        const c = chartFor(metric, weight);
         if (!c.lines.length) continue;
         const title = metric.kind === "eval" && !metric.key.startsWith("eval/") ? "eval " + metric.key : metric.key;
-        plots.push(makePlot(container, metric.kind + "-" + metric.key.replace(/[^a-zA-Z0-9_-]/g, "_"), title,
-                            x === "wall" ? "wall time (s)" : "step", c.lines, c.data, c.extra));
+        const id = metric.kind + "-" + metric.key.replace(/[^a-zA-Z0-9_-]/g, "_");
+        plots[id] = makePlot(grid, { id, title, xLabel: wall ? "wall time (s)" : "step", lines: c.lines,
+                                     data: c.data, raw: c.raw, range, height: HEIGHT, extra: c.extra });
       }
+      document.getElementById("picked-count").textContent = selected().length;
     }
 
+    // The URL keeps the picked metrics, so the page can be shared as it is seen.
+    function remember() {
+      const params = new URLSearchParams(location.search);
+      params.delete("metric");
+      for (const m of selected()) params.append("metric", m.kind + ":" + m.key);
+      history.replaceState(null, "", location.pathname + "?" + params.toString());
+    }
+
+    picker.addEventListener("change", (event) => {
+      if (event.target.name !== "metric") return;
+      build();
+      remember();
+    });
+    pickerFilter.addEventListener("input", () => {
+      const q = pickerFilter.value.trim().toLowerCase();
+      for (const label of picker.querySelectorAll("label.metric")) {
+        label.hidden = Boolean(q) && !label.dataset.search.includes(q);
+      }
+      for (const group of picker.querySelectorAll("fieldset")) {
+        group.hidden = !group.querySelector("label.metric:not([hidden])");
+      }
+    });
     slider.addEventListener("input", () => { sliderValue.textContent = slider.value; build(); });
-    slider.value = smooth; sliderValue.textContent = smooth;
+    onResize(plots, HEIGHT);
     build();
+    window.studioCompare = { plots };
   }
 
-  return { ema, runPage, comparePage };
+  return { ema, smooth, runPage, comparePage };
 })();

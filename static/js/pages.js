@@ -8,6 +8,6 @@ document.addEventListener("DOMContentLoaded", () => {
   if (page.dataset.page === "run") {
     Studio.runPage({ data, socketPath: page.dataset.socketPath });
   } else if (page.dataset.page === "compare") {
-    Studio.comparePage({ data, x: page.dataset.x, smooth: page.dataset.smooth });
+    Studio.comparePage({ data, x: page.dataset.x });
   }
 });

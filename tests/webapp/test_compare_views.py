@@ -10,6 +10,7 @@ import pytest
 from django.urls import reverse
 
 from trainer.config import get_preset
+from trainer.experiments.stats import t_interval
 from webapp.models import MetricRow, Run
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +53,12 @@ def test_two_runs_overlay_with_summary_eval_table_and_config_diff(client, user, 
         "colour"
     ]
     assert data["runs"][1]["series"]["train"]["values"]["train/success"] == [0.2, 0.4, 0.9]
-    assert {"kind": "train", "key": "train/success"} in data["metrics"] and data["groups"] == []
+    picker = [(m["kind"], m["key"], m["selected"]) for m in data["metrics"]]
+    assert ("train", "train/success", True) in picker and ("train", "actor/loss", False) in picker
+    assert data["groups"] == [] and 'value="train:actor/loss">' in page  # unchecked in the picker
+    picked = client.get(reverse("compare"), {"runs": [a.id], "metric": ["train:actor/loss", "eval:nope"]})
+    chosen = {m["key"] for m in _chart_data(picked.content.decode())["metrics"] if m["selected"]}
+    assert chosen == {"actor/loss"}  # the picked metric the runs have; an unknown one is left out
     summary = page[page.index('id="summary"') :]
     assert "<td>0.9 / 0.9</td>" in summary  # final / best success of b
     assert "<td>0.1 / 0.1</td>" in summary  # actor/loss: lower is better
@@ -77,7 +83,9 @@ def test_seeds_are_grouped_into_mean_and_band(client, user):
     assert grpo["runs"] == [r0.id, r1.id]
     band = grpo["series"]["train"]["train/success"]
     assert band["step"] == [0, 1, 2] and band["mean"] == [0.25, 0.5, 0.75]
-    assert band["lo"] == [0.0, 0.5, 0.5] and band["hi"] == [0.5, 0.5, 1.0]
+    seeds = [t_interval([0.0, 0.5]), t_interval([0.5, 0.5]), t_interval([1.0, 0.5])]  # 95% over 2 seeds
+    assert band["lo"] == pytest.approx([b.low for b in seeds]) and band["lo"][1] == 0.5
+    assert band["hi"] == pytest.approx([b.high for b in seeds]) and band["hi"][0] > 3  # t(1) = 12.7
     assert data["runs"][0]["colour"] == data["runs"][1]["colour"] != data["runs"][2]["colour"]
     by_key = _chart_data(
         client.get(reverse("compare"), {"runs": [r0.id, r2.id], "group": "method"}).content.decode()

@@ -201,6 +201,17 @@ def test_a_running_run_without_heartbeat_shows_as_lost(client, user):
     assert 'class="status lost"' in client.get(reverse("home")).content.decode()
 
 
+def test_the_status_filter_tells_lost_runs_from_running_ones(client, user):
+    stale = timezone.now() - timezone.timedelta(minutes=10)
+    _run(user, name="stuck-run", status=Run.Status.RUNNING, heartbeat_at=stale)
+    _run(user, name="beating-run", status=Run.Status.RUNNING, heartbeat_at=timezone.now())
+    client.force_login(user)
+    lost = client.get(reverse("home"), {"status": "lost"}).content.decode()
+    assert "stuck-run" in lost and "beating-run" not in lost and '<option value="lost" selected>' in lost
+    running = client.get(reverse("home"), {"status": "running"}).content.decode()
+    assert "beating-run" in running and "stuck-run" not in running
+
+
 def test_the_worker_indicator_counts_queued_runs(client, user):
     _run(user)
     _run(user, status=Run.Status.FAILED)
