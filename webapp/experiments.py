@@ -186,29 +186,15 @@ def experiment_run(
 
 
 def train_cell_here(run: Run) -> str:
-    """Train a queued cell's run on this machine, in a child process of its own (``experiment train-run``):
-    every cell starts from the code as it is now and gives its memory back when it ends, and a cell killed
-    (out of memory, a signal) fails alone while the grid goes on."""
-    import os
-    import subprocess
-    import sys
+    """Train a queued cell's run on this machine, as a worker would: in supervised child processes of its
+    own (``webapp.supervisor``): every cell starts from the code as it is now and gives its memory back when
+    it ends, and a cell whose process dies resumes from its checkpoint (or fails alone while the grid goes
+    on)."""
+    from webapp.supervisor import claim_and_train
 
-    from django.db import connection
-
-    env = os.environ | {  # the child works on this process's database and result folder
-        "STUDIO_DB_NAME": connection.settings_dict["NAME"],
-        "STUDIO_EXPERIMENT_RESULTS": str(results_root()),
-    }
-    child = subprocess.run(
-        [sys.executable, str(settings.BASE_DIR / "manage.py"), "experiment", "train-run", str(run.pk)],
-        cwd=settings.BASE_DIR, env=env,
-    )  # fmt: skip
+    status = claim_and_train(run, worker="experiment")
     run.refresh_from_db()
-    if child.returncode != 0 and run.status == Run.Status.RUNNING:
-        why = f"killed by signal {-child.returncode}" if child.returncode < 0 else f"exit {child.returncode}"
-        run.mark_failed(f"The training process ended without finishing the run ({why}); run the "
-                        "experiment again to resume it from its last checkpoint.")  # fmt: skip
-    return run.status
+    return run.status if status.startswith("run ") else status
 
 
 # ---- result files ---------------------------------------------------------------------------------

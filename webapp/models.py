@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import socket
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
+import psutil
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q, Value
@@ -13,6 +16,10 @@ HEARTBEAT_TIMEOUT_S = 120
 """A running run whose worker has not beaten for this long is shown as lost."""
 HEARTBEAT_INTERVAL_S = 30
 """How often a training worker beats (``webapp.progress.Heartbeat``), whatever a step's length."""
+
+
+def _holds_checkpoint(folder: Path) -> bool:
+    return (folder / "state.json").exists() or any(folder.glob("checkpoints/step-*[0-9]/state.json"))
 
 
 class RunQuerySet(models.QuerySet):
@@ -88,7 +95,11 @@ class Run(models.Model):
     error = models.TextField(blank=True)
     cancel_requested = models.BooleanField(default=False)
     celery_task_id = models.CharField(max_length=64, blank=True)
-    worker = models.CharField(max_length=200, blank=True)
+    worker = models.CharField(max_length=200, blank=True, help_text="Who trains it: <worker>@<host>:<pid>.")
+    # db defaults: processes of an older code version still insert runs while a newer one has migrated
+    restarts = models.IntegerField(default=0, db_default=0, help_text="Times its training was resumed.")
+    notice = models.TextField(blank=True, default="", db_default="", help_text="What the system last did.")
+    peak_rss_mb = models.IntegerField(null=True, blank=True, help_text="Peak memory of its training process.")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -119,21 +130,56 @@ class Run(models.Model):
 
     @property
     def is_lost(self) -> bool:
-        """Running, but its worker stopped beating: it died or lost the database."""
+        """Running, but no process is training it: its worker stopped beating (it died or lost the
+        database), or the process that claimed it is gone."""
         if self.status != self.Status.RUNNING or self.heartbeat_at is None:
             return False
-        return (timezone.now() - self.heartbeat_at).total_seconds() > HEARTBEAT_TIMEOUT_S
+        stale = (timezone.now() - self.heartbeat_at).total_seconds() > HEARTBEAT_TIMEOUT_S
+        return stale or self.holder_is_gone
 
     @property
     def display_status(self) -> str:
         return "lost" if self.is_lost else self.status
 
+    @property
+    def checkpoint_source(self) -> str:
+        """What "Resume from checkpoint" continues from: its own folder once it holds a complete checkpoint,
+        else the checkpoint it started from; "" when there is none."""
+        for folder in (self.checkpoint_dir, self.resume_from):
+            if folder and _holds_checkpoint(Path(folder)):
+                return folder
+        return ""
+
+    @property
+    def error_summary(self) -> str:
+        """The first line of ``error``: what went wrong and what to do (the traceback follows it)."""
+        return self.error.split("\n", 1)[0]
+
+    @property
+    def error_details(self) -> str:
+        return self.error.split("\n", 1)[1].strip() if "\n" in self.error else ""
+
+    @property
+    def holder_is_gone(self) -> bool:
+        """Running, and the process that claimed it (``worker`` ends in ``@<host>:<pid>``) is on this host
+        and no longer alive: no need to wait for its heartbeat to go stale."""
+        host, _, pid = self.worker.rpartition("@")[2].rpartition(":")
+        return (
+            self.status == self.Status.RUNNING
+            and host == socket.gethostname()
+            and pid.isdigit()
+            and not psutil.pid_exists(int(pid))
+        )
+
     def claim(self, worker: str) -> bool:
         """Take this run for ``worker`` with one conditional UPDATE: a queued run, or a lost one (its worker
-        died; the task was redelivered). False if another worker has it, or it ended or was cancelled."""
+        died: heartbeat stale, or the claiming process gone; the task was redelivered or requeued). False if
+        another worker has it, or it ended or was cancelled."""
         now = timezone.now()
         stale = now - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
         claimable = Q(status=self.Status.QUEUED) | Q(status=self.Status.RUNNING, heartbeat_at__lt=stale)
+        if self.holder_is_gone:
+            claimable |= Q(status=self.Status.RUNNING, worker=self.worker)
         claimed = Run.objects.filter(claimable, pk=self.pk, cancel_requested=False).update(
             status=self.Status.RUNNING,
             worker=worker,

@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import psutil
 from django.db import connection
 from django.utils import timezone
 
+from trainer.cancel import CancelToken
 from trainer.report import BaseReporter
 from webapp.events import broadcast_run_event
 from webapp.models import HEARTBEAT_INTERVAL_S, EpisodeRecord, MetricRow, Run
@@ -78,8 +80,9 @@ class RunReporter(BaseReporter):
         self._broadcast({"kind": "trace", "step": step, **{k: str(v)[:2000] for k, v in trace.items()}})
 
     def should_stop(self) -> bool:
+        """Beats; a cancel reaches the loop sooner, through the token ``Heartbeat`` sets."""
         self._beat()
-        return Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+        return False
 
 
 def episode_record(run: Run, step: int, ep: Any) -> EpisodeRecord:
@@ -101,17 +104,41 @@ def episode_record(run: Run, step: int, ep: Any) -> EpisodeRecord:
     )
 
 
+def tree_rss_mb(process: psutil.Process | None = None) -> float:
+    """Resident memory of a process and all its children (engine processes), in MB."""
+    process = process or psutil.Process()
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return total / 2**20
+
+
 class Heartbeat:
-    """Beats a run's heartbeat from a thread every ``interval`` seconds, however long a step takes.
+    """Watches a training run from a thread, however long a step takes: beats its heartbeat every
+    ``interval`` seconds and stores the peak memory of this process tree on it; with a ``cancel`` token,
+    polls the run's cancel request every ``poll`` seconds and sets the token (``trainer.cancel``).
 
     Steps on CPU can take minutes; beating only between steps made live runs look lost and let a
     redelivered task (Redis redelivers unacknowledged tasks after its visibility timeout) claim a run
-    that was still training.
+    that was still training; asking for a cancel only between steps made a cancel take a whole step.
     """
 
-    def __init__(self, run_id: int, interval: float = HEARTBEAT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        run_id: int,
+        interval: float = HEARTBEAT_INTERVAL_S,
+        *,
+        cancel: CancelToken | None = None,
+        poll: float = 1.0,
+    ) -> None:
         self.run_id = run_id
         self.interval = interval
+        self.cancel = cancel
+        self.poll = min(poll, interval)
+        self.peak_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{run_id}", daemon=True)
 
@@ -124,12 +151,25 @@ class Heartbeat:
         self._thread.join()
 
     def _beat(self) -> None:
+        next_beat = time.monotonic() + self.interval
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.wait(self.poll):
+                self.peak_mb = max(self.peak_mb, tree_rss_mb())
+                beat = time.monotonic() >= next_beat
+                if beat:
+                    next_beat += self.interval
                 try:
-                    Run.objects.filter(pk=self.run_id).update(heartbeat_at=timezone.now())
+                    self._watch(beat)
                 except Exception:  # noqa: BLE001 - a missed beat is retried; the run goes on
                     log.warning("run %s: heartbeat not written", self.run_id, exc_info=True)
                     connection.close_if_unusable_or_obsolete()
         finally:
             connection.close()
+
+    def _watch(self, beat: bool) -> None:
+        runs = Run.objects.filter(pk=self.run_id)
+        watching = self.cancel is not None and not self.cancel.is_set()
+        if watching and runs.filter(cancel_requested=True).exists():
+            self.cancel.set()
+        if beat:
+            runs.update(heartbeat_at=timezone.now(), peak_rss_mb=round(self.peak_mb))

@@ -101,8 +101,9 @@ def launched_by(launch_token: str) -> list[Run]:
 
 
 def run_cancel(run: Run) -> Run:
-    """Stop a run: a queued one is cancelled at once; a running one is asked to stop between steps; a lost one
-    (its worker died) is closed now since nobody else will."""
+    """Stop a run: a queued one is cancelled at once; a running one is asked to stop and does within seconds
+    (its training process polls the request, ``webapp.progress.Heartbeat``); a lost one (no process trains
+    it) is closed now since nobody else will."""
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
         raise RunError(f"this run has already {run.status}")
     now = timezone.now()
@@ -131,12 +132,16 @@ def run_resume(run: Run, owner) -> Run:
     """A new run that continues ``run`` from its last checkpoint with the same config."""
     if run.status in (Run.Status.QUEUED, Run.Status.RUNNING):
         raise RunError("this run is still active; cancel it before resuming")
-    if not run.checkpoint_dir:
-        raise RunError("this run saved no checkpoint to resume from")
+    source = run.checkpoint_source
+    if not source:
+        raise RunError(
+            "this run saved no checkpoint to resume from (it stopped before its first one); clone it to "
+            "start again"
+        )
     config = RunConfig.from_dict(run.config)
     (resumed,) = run_create(
         owner, config, name=f"{run.name} (resumed)", tags=run.tags, shared=run.shared,
-        resume_from=run.checkpoint_dir,
+        resume_from=source,
     )  # fmt: skip
     return resumed
 

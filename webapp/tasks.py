@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
+import time
 import traceback
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.db import connection
+from django.db.models import F
 
 from webapp.events import broadcast_run_event
 from webapp.models import Run
+
+log = logging.getLogger(__name__)
 
 
 @shared_task
@@ -29,10 +37,10 @@ def ping(payload: str = "pong") -> dict:
 def train_run(self, run_id: int) -> str:
     """Train one run on this worker. Safe to deliver twice: only one worker can claim the run.
 
-    A run whose worker died (heartbeat stale) is claimed again when its task is redelivered, and
-    resumes from its last checkpoint.
+    A run whose worker died (heartbeat stale, or its claiming process gone) is claimed again when its task
+    is redelivered or requeued (``requeue_lost_runs``), and resumes from its last checkpoint.
     """
-    from webapp.training import claim_and_train  # the trainer (torch, vLLM) loads only on workers
+    from webapp.supervisor import claim_and_train  # trains in a child process; this one stays light
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -41,6 +49,56 @@ def train_run(self, run_id: int) -> str:
     if status in Run.Status.values:  # it was claimed here and has ended
         broadcast_run_event(run_id, {"kind": "status", "status": status})
     return status
+
+
+LOST_SWEEP_S = 60
+"""How often a worker of the training queue looks for runs no process is training."""
+
+
+def requeue_lost_runs() -> list[int]:
+    """Put runs no process is training (``Run.is_lost``: their worker died with them) back on the training
+    queue, to resume from their last checkpoint on any worker, or fail those resumed ``MAX_RESTARTS``
+    times already; returns the requeued ids. The conditional update makes it safe on several workers."""
+    from webapp.supervisor import MAX_RESTARTS
+
+    requeued = []
+    for run in Run.objects.filter(status=Run.Status.RUNNING):
+        if not run.is_lost:
+            continue
+        if run.restarts >= MAX_RESTARTS:
+            run.mark_failed(
+                f"No process was training it and it was resumed {run.restarts} times already; resume it "
+                "by hand once the cause is found (the worker's log has it)."
+            )
+            continue
+        notice = (
+            f"No process was training it (its worker stopped at step {run.step}); put back on the queue to "
+            f"resume from its last checkpoint (restart {run.restarts + 1} of {MAX_RESTARTS})."
+        )
+        same = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, heartbeat_at=run.heartbeat_at)
+        if same.update(status=Run.Status.QUEUED, restarts=F("restarts") + 1, notice=notice):
+            train_run.apply_async(args=[run.pk])
+            requeued.append(run.pk)
+    return requeued
+
+
+def _sweep_lost_runs_forever() -> None:
+    while True:
+        time.sleep(LOST_SWEEP_S)
+        try:
+            requeue_lost_runs()
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            log.warning("the sweep for lost runs failed", exc_info=True)
+        finally:
+            connection.close()
+
+
+@worker_ready.connect
+def start_lost_run_sweep(sender, **kwargs) -> None:
+    """Workers of the product's training queue resume lost runs by themselves (test workers, which
+    consume queues of their own, do not touch other runs)."""
+    if "training" in sender.app.amqp.queues.consume_from:
+        threading.Thread(target=_sweep_lost_runs_forever, name="lost-run-sweep", daemon=True).start()
 
 
 def failure_message(exc: BaseException) -> str:

@@ -1,6 +1,7 @@
-"""A run's training on a worker: the same code path as ``manage.py train``, plus the database.
+"""A run's training in its training process: the same code path as ``manage.py train``, plus the database.
 
-Imported only by the worker's task (it loads torch and the trainer).
+Imported only where a run trains (it loads torch and the trainer): the child process a supervisor starts
+(``webapp.supervisor``) and ``manage.py train``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from trainer.cancel import CancelToken
 from trainer.checkpoint import STATE_FILE, read_checkpoint
 from trainer.config import RunConfig
 from trainer.paths import var_dir
@@ -73,25 +75,24 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume is None or resume == out_dir:  # a restart in its own folder: drop what the last try left
         rewind(run, own_step)
+    cancel = CancelToken()
     with ExitStack() as stack:
-        stack.enter_context(Heartbeat(run.pk))
+        stack.enter_context(Heartbeat(run.pk, cancel=cancel))
         log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
         reporter = file_reporters(out_dir, RunReporter(run), ConsoleReporter(log), *extra_reporters)
         extra = {}
         if cfg.uses_experience:
             extra["store"] = stack.enter_context(experience_store(run, cfg))
-        train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, **extra)
-    cancelled = Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
+        _, loop = train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, cancel=cancel, **extra)
+    cancelled = loop.cancelled or Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
     return _finish(run, Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED)
 
 
-def claim_and_train(run: Run, *, worker: str) -> str:
-    """Claim ``run`` for ``worker`` and train it here (the Celery task and ``experiment train-run``): its
-    final status, a note when another worker has it, or ``failed`` with the reason stored on the run."""
+def train_claimed(run: Run) -> str:
+    """Train a claimed ``run`` in this process: its final status, or ``failed`` with the reason stored on
+    the run."""
     from webapp.tasks import failure_message
 
-    if not run.claim(worker=worker):
-        return f"run {run.pk} not claimed: {run.status}"
     try:
         return run_training(run)
     except Exception as exc:  # noqa: BLE001 - every failure ends as a readable message on the run

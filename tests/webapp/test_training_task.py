@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 import shutil
+import signal
+import socket
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
@@ -15,9 +19,10 @@ from django.utils import timezone
 from tests.conftest import wait_for
 from trainer.config import get_preset
 from webapp.models import EpisodeRecord, MetricRow, Run
-from webapp.progress import Heartbeat
-from webapp.services import run_cancel
-from webapp.tasks import train_run
+from webapp.progress import Heartbeat, tree_rss_mb
+from webapp.services import RunError, run_cancel, run_resume
+from webapp.supervisor import MAX_RESTARTS
+from webapp.tasks import requeue_lost_runs, train_run
 from webapp.training import run_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,13 +74,94 @@ def test_a_run_trains_on_a_real_worker_and_records_rows_episodes_and_checkpoints
     assert "MiniHack-Room-5x5" in out.getvalue() and "success w/o" in out.getvalue()
 
 
-def test_cancelling_a_running_run_stops_it_between_steps(make_run, celery_worker):
-    run = make_run(steps=200)
-    train_run.apply_async(args=[run.id], queue=celery_worker)
-    wait_for(lambda: MetricRow.objects.filter(run=run).exists(), 600, "the first step")
+def _worker_process(queue: str) -> psutil.Process:
+    return next(p for p in psutil.process_iter(["cmdline"]) if queue in " ".join(p.info["cmdline"] or []))
+
+
+def _training_process(run: Run) -> psutil.Process | None:
+    needle = f"train_claimed {run.pk}"
+    found = (
+        p for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []).endswith(needle)
+    )
+    return next(found, None)
+
+
+def test_cancelling_a_run_mid_rollout_stops_it_within_seconds_and_gives_the_memory_back(
+    make_run, celery_worker
+):
+    worker = _worker_process(celery_worker)
+    idle_mb = tree_rss_mb(worker)
+    # a long first rollout: 8 episodes of up to 100 turns of up to 48 tokens (minutes on this machine)
+    run = make_run(steps=5, tasks_per_step=2, k_rollouts=4,
+                   **{"rollout.turn_limit": 100, "rollout.max_new_tokens": 48})  # fmt: skip
+    result = train_run.apply_async(args=[run.id], queue=celery_worker)
+    log = run_dir(run) / "log.txt"
+    wait_for(lambda: log.exists() and "training: starting" in log.read_text(), 600, "the first rollout")
+    time.sleep(5)  # well inside step 1's rollout
+    assert not MetricRow.objects.filter(run=run, kind="train").exists()
+    asked = time.monotonic()
     run_cancel(Run.objects.get(pk=run.pk))
-    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 900, "cancel")
-    assert 1 <= run.step < 200 and run.finished_at
+    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 60, "cancel")
+    took = time.monotonic() - asked
+    assert took < 15, f"cancelled after {took:.1f} s"
+    assert result.get(timeout=60) == Run.Status.CANCELLED
+    assert run.step == 0 and not MetricRow.objects.filter(run=run, kind="train").exists()
+    assert run.peak_rss_mb and run.peak_rss_mb > 500  # the training process's peak, engines included
+    wait_for(lambda: _training_process(run) is None, 30, "the training process to exit")
+    after_mb = tree_rss_mb(worker)
+    assert after_mb < 1.1 * idle_mb, f"worker at {after_mb:.0f} MB after the run, {idle_mb:.0f} MB idle"
+
+
+def test_a_killed_training_process_is_resumed_by_itself_and_each_step_is_recorded_once(
+    make_run, celery_worker
+):
+    run = make_run(steps=3)
+    result = train_run.apply_async(args=[run.id], queue=celery_worker)
+    wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=1).exists(), 600, "step 1")
+    first = wait_for(lambda: _training_process(run), 30, "the training process")
+    first.send_signal(signal.SIGKILL)  # in step 2 (or step 1's checkpoint): either way mid-run
+    assert result.get(timeout=900) == Run.Status.SUCCEEDED
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED and run.step == 3 and run.restarts == 1
+    assert "SIGKILL" in run.notice and "resumed" in run.notice
+    steps = list(
+        MetricRow.objects.filter(run=run, kind="train").order_by("step").values_list("step", flat=True)
+    )
+    assert steps == [1, 2, 3]  # each step once: the interrupted attempt's rows after its checkpoint are gone
+    assert EpisodeRecord.objects.filter(run=run).count() == 3 * 2
+
+
+def test_a_run_whose_claiming_process_is_gone_is_claimed_at_once_and_requeued_by_the_sweep(make_run):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run = make_run()
+    assert run.claim(f"w1@{socket.gethostname()}:{gone.pid}")
+    run = Run.objects.get(pk=run.pk)
+    assert run.display_status == "lost"  # its heartbeat is fresh, but no process holds it
+    assert requeue_lost_runs() == [run.pk]
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED and run.restarts == 1 and "put back on the queue" in run.notice
+    assert run.claim("w2")  # a queued run again
+    Run.objects.filter(pk=run.pk).update(
+        restarts=MAX_RESTARTS, heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    assert requeue_lost_runs() == []
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and "resumed 3 times" in run.error_summary
+
+
+def test_resume_is_offered_only_when_a_checkpoint_exists(make_run, tmp_path):
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, checkpoint_dir=str(tmp_path))
+    run.refresh_from_db()
+    assert run.checkpoint_source == ""
+    with pytest.raises(RunError, match="no checkpoint"):
+        run_resume(run, run.owner)
+    (tmp_path / "checkpoints" / "step-000002.partial").mkdir(parents=True)  # a save cut short
+    assert Run.objects.get(pk=run.pk).checkpoint_source == ""
+    (tmp_path / "checkpoints" / "step-000001").mkdir()
+    (tmp_path / "checkpoints" / "step-000001" / "state.json").write_text("{}")
+    assert Run.objects.get(pk=run.pk).checkpoint_source == str(tmp_path)
 
 
 def test_a_bad_config_fails_with_a_readable_message(make_run, celery_worker):

@@ -30,10 +30,6 @@ class Command(BaseCommand):
         report = sub.add_parser("report", help="build the report from the result files")
         report.add_argument("name", help="the experiment's name (its folder under docs/experiments/)")
         report.add_argument("--out", type=Path, help="report folder [docs/experiments/NAME/report]")
-        one = sub.add_parser(
-            "train-run", help="claim and train one queued cell's run here (run --here uses it)"
-        )
-        one.add_argument("run_id", type=int)
 
     def handle(self, *args, **options) -> None:
         self.stdout.ending = "\n"
@@ -56,20 +52,6 @@ class Command(BaseCommand):
                 f"no user {options['owner']!r} to own the runs: pass --owner, or run ensure_admin"
             )
         experiment_run(spec, owner, here=options["here"], only=options["only"], say=self._say)
-
-    def _train_run(self, options) -> None:
-        import socket
-
-        from webapp.models import Run
-        from webapp.training import claim_and_train
-
-        run = Run.objects.filter(pk=options["run_id"]).first()
-        if run is None:
-            raise CommandError(f"no run {options['run_id']}")
-        status = claim_and_train(run, worker=f"experiment@{socket.gethostname()}")
-        self._say(f"run {run.pk}: {status}")
-        if status != Run.Status.SUCCEEDED:
-            raise CommandError(f"run {run.pk} did not succeed: {status}")
 
     def _status(self, options) -> None:
         from webapp.experiments import experiment_cells

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = (
+        "Internal: train a run its supervisor has claimed (the training process of a worker or of "
+        "'experiment run --here'; see webapp/supervisor.py). To train by hand, use 'manage.py train'."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("run_id", type=int)
+
+    def handle(self, *args, run_id: int, **options) -> None:
+        from webapp.models import Run
+        from webapp.training import train_claimed
+
+        run = Run.objects.filter(pk=run_id).first()
+        if run is None or run.status != Run.Status.RUNNING:
+            raise CommandError(f"run {run_id} is not claimed for training ({run and run.status})")
+        self.stdout.write(f"run {run_id}: {train_claimed(run)}")
