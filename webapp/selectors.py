@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, F, FloatField, OuterRef, Q, Subquery
+from django.db.models import Count, F, FloatField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, NullIf
 from django.shortcuts import get_object_or_404
@@ -322,20 +322,23 @@ def bank_search(q: str, asked: str, limit: int = BANK_PAGE_SIZE) -> BankSearch:
 def bank_entries(run: Run, *, q: str = "", mode: str = "semantic", scope: str = "", sort: str = "recent",
                  pinned: bool = False, limit: int = BANK_PAGE_SIZE) -> list[Any]:  # fmt: skip
     """A run's bank for the bank page: search results by relevance, or browsing in the chosen order."""
-    from experience import selectors as bank
-
     if q:
         found = list(_search_one(run, q, mode, scope=scope or None, limit=limit))
         return [e for e in found if e.pinned] if pinned else found
+    return list(bank_browse(run, scope=scope, sort=sort, pinned=pinned)[:limit])
+
+
+def bank_browse(run: Run, *, scope: str = "", sort: str = "recent", pinned: bool = False) -> QuerySet:
+    """A run's live bank in the chosen order, lazily: the bank page without a search, and the API's pages."""
+    from experience import selectors as bank
+
     qs = bank.experience_list(run, scope=scope or None, pinned=True if pinned else None)
     if sort == "success":
         rate = Cast("guided_successes", FloatField()) / NullIf(
             F("guided_successes") + F("guided_failures"), 0
         )
-        qs = qs.annotate(rate=rate).order_by(F("rate").desc(nulls_last=True), "-id")
-    else:
-        qs = qs.order_by(*BANK_SORTS.get(sort) or BANK_SORTS["recent"])
-    return list(qs[:limit])
+        return qs.annotate(rate=rate).order_by(F("rate").desc(nulls_last=True), "-id")
+    return qs.order_by(*BANK_SORTS.get(sort) or BANK_SORTS["recent"])
 
 
 def bank_entry(run: Run, entry_id: int) -> Any:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
 from trainer.config import RunConfig
 from webapp.events import broadcast_run_event
-from webapp.models import Run
+from webapp.models import Experiment, Run
+from webapp.selectors import run_get
+
+if TYPE_CHECKING:
+    from webapp.forms import LaunchForm
 
 LAUNCH_PERMISSION = "webapp.launch_run"
 """Who may launch, clone and resume runs (Django's model permission until a dedicated one exists)."""
@@ -34,6 +40,14 @@ def can_launch(user) -> bool:
 def can_manage(user, run: Run) -> bool:
     """Cancel and resume: the owner or staff."""
     return user.is_staff or run.owner_id == user.id
+
+
+def run_get_managed(user, run_id: int) -> Run:
+    """The run if this user may see it (else 404) and manage it (else 403): cancel, resume."""
+    run = run_get(user, run_id)
+    if not can_manage(user, run):
+        raise PermissionDenied("only the run's owner may do this")
+    return run
 
 
 TRAIN_TASK = "webapp.tasks.train_run"
@@ -88,6 +102,43 @@ def run_create(
             transaction.on_commit(lambda run_id=run.id: _enqueue(run_id))
             runs.append(run)
     return runs
+
+
+@dataclass
+class Launched:
+    """What a launch submission queued: runs, maybe an experiment's cells; ``again`` when an earlier copy
+    of the same submission had queued them already."""
+
+    runs: list[Run]
+    again: bool = False
+
+    @property
+    def experiment(self) -> Experiment | None:
+        return self.runs[0].experiment
+
+
+def run_launch_submission(user, form: LaunchForm) -> Launched | None:
+    """Queue what a launch form asks for (the page's and the API's alike): runs, or an experiment's grid.
+    None if the form is invalid (its errors say why). The same submission token posted again (a double click,
+    a retried request) leads to what the first one launched, never to a copy."""
+    token = form.data.get("submission", "")
+    with transaction.atomic():
+        if token and (earlier := launched_by(token)):
+            return Launched(earlier, again=True)
+        if not form.is_valid():
+            return None
+        data = form.cleaned_data
+        if form.spec is not None:
+            from webapp.experiments import experiment_run
+
+            token = data["submission"]
+            experiment = experiment_run(form.spec, user, shared=data["shared"], launch_token=token)
+            return Launched(list(experiment.runs.all()))
+        runs = run_create(
+            user, form.config, name=data["name"], tags=data["tags"], shared=data["shared"],
+            n_seeds=data["n_seeds"], launch_token=data["submission"],
+        )  # fmt: skip
+    return Launched(runs)
 
 
 def launched_by(launch_token: str) -> list[Run]:

@@ -60,6 +60,8 @@ INSTALLED_APPS = [
     "csp",
     "webapp",
     "experience",
+    "ninja",  # serves the API docs' scripts as local static files (the CSP allows no CDN)
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -119,14 +121,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # ---- Redis: Celery broker and Channels layer -------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL") or embedded.embedded_redis_url()
 
-CHANNEL_LAYERS = {
-    "default": {
 CHANNEL_LAYER_READ_TIMEOUT_S = 60
 """A socket waits for its next event with a blocking Redis read that the server ends after 5 s
 (channels_redis' BZPOPMIN). redis-py >= 6 also gives every read a 5 s client timeout by default, so each
 idle socket raced the server's empty reply and lost whenever the server or the web server's event loop ran
 a little late: a ``TimeoutError: Timeout reading from …`` and a dropped WebSocket. Reads get a timeout well
 past the 5 s."""
+CHANNEL_LAYERS = {
+    "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S}],
@@ -134,6 +136,20 @@ past the 5 s."""
         },
     }
 }
+
+# The default cache stays per process; the API's rate limit counts in Redis, shared by every web process.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "api": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "studio-api",
+    },
+}
+STUDIO_API_RATE = os.environ.get("STUDIO_API_RATE", "300/min")
+"""Requests per user (all their tokens and their session together) the REST API answers; beyond: 429."""
+NINJA_PAGINATION_PER_PAGE = 100
+NINJA_PAGINATION_MAX_LIMIT = 1000
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = "django-db"  # results are durable rows in PostgreSQL
@@ -149,6 +165,9 @@ CELERY_TIMEZONE = "UTC"
 
 EXPERIMENT_RESULTS_DIR = Path(os.environ.get("STUDIO_EXPERIMENT_RESULTS", BASE_DIR / "docs" / "experiments"))
 """Where finished experiment cells copy their small result files, and reports are written."""
+
+STUDIO_WARM_START = env_bool("STUDIO_WARM_START", True)
+"""The web server and each worker process load the embedding model in the background as they start."""
 
 # ---- models a launch may name ---------------------------------------------------------------
 STUDIO_MODEL_DIRS = [p for p in os.environ.get("STUDIO_MODEL_DIRS", "").split(os.pathsep) if p]
@@ -166,9 +185,6 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # login throttling (django-axes) before the real check
-STUDIO_WARM_START = env_bool("STUDIO_WARM_START", True)
-"""The web server and each worker process load the embedding model in the background as they start."""
-
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = int(os.environ.get("STUDIO_LOGIN_FAILURES", "10"))

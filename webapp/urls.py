@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from webapp import views, views_bank, views_compare, views_experiments, views_inspect, views_runs
 
@@ -40,5 +40,6 @@ urlpatterns = [
     path("compare/csv/", views_compare.compare_csv, name="compare_csv"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("api.urls")),  # the account page and /api/v1/
     path("admin/", admin.site.urls),
 ]

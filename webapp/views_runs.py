@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -18,10 +17,10 @@ from webapp.services import (
     RunError,
     can_launch,
     can_manage,
-    launched_by,
     run_cancel,
     run_clone_initial,
-    run_create,
+    run_get_managed,
+    run_launch_submission,
     run_resume,
 )
 
@@ -52,54 +51,25 @@ def run_launch(request: HttpRequest) -> HttpResponse:
 
 
 def _launch(request: HttpRequest, form: LaunchForm) -> HttpResponse:
-    """Queue what a valid launch form asks for: runs, or an experiment's grid. The same submission posted
-    again (a double click, a retried request) leads to what the first one launched, never to a copy."""
-    token = request.POST.get("submission", "")
-    with transaction.atomic():
-        if token and (earlier := launched_by(token)):
-            return _launched(request, earlier, again=True)
-        if not form.is_valid():
-            return render(request, "webapp/launch.html", {"form": form}, status=400)
-        data = form.cleaned_data
-        if form.spec is not None:
-            from webapp.experiments import experiment_run
-
-            experiment = experiment_run(
-                form.spec, request.user, shared=data["shared"], launch_token=data["submission"]
-            )
-            runs = list(experiment.runs.all())
-        else:
-            runs = run_create(
-                request.user, form.config, name=data["name"], tags=data["tags"], shared=data["shared"],
-                n_seeds=data["n_seeds"], launch_token=data["submission"],
-            )  # fmt: skip
-    return _launched(request, runs)
-
-
-def _launched(request: HttpRequest, runs: list[Run], *, again: bool = False) -> HttpResponse:
-    experiment = runs[0].experiment
-    n = len(runs)
+    """Queue what a valid launch form asks for (``run_launch_submission``) and say so."""
+    launched = run_launch_submission(request.user, form)
+    if launched is None:
+        return render(request, "webapp/launch.html", {"form": form}, status=400)
+    experiment, n = launched.experiment, len(launched.runs)
     what = f"experiment {experiment.name}: {n} runs" if experiment else f"{n} run{'s' if n > 1 else ''}"
-    if again:
+    if launched.again:
         messages.info(request, f"This form was submitted already: it launched {what}.")
     else:
         messages.success(request, f"Queued {what}.")
     if experiment is not None:
         return redirect("experiment_detail", name=experiment.name)
-    return redirect("run_detail", run_id=runs[0].id) if len(runs) == 1 else redirect("home")
-
-
-def _managed_run(request: HttpRequest, run_id: int) -> Run:
-    run = run_get(request.user, run_id)
-    if not can_manage(request.user, run):
-        raise PermissionDenied("only the run's owner may do this")
-    return run
+    return redirect("run_detail", run_id=launched.runs[0].id) if n == 1 else redirect("home")
 
 
 @require_POST
 def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
     """Cancel from the list (htmx swaps the row) or from the run page."""
-    run = _managed_run(request, run_id)
+    run = run_get_managed(request.user, run_id)
     try:
         run = run_cancel(run)
     except RunError as err:
@@ -116,7 +86,7 @@ def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
     """A new run continuing this one from its last checkpoint."""
-    run = _managed_run(request, run_id)
+    run = run_get_managed(request.user, run_id)
     if not can_launch(request.user):
         raise PermissionDenied("you may not launch runs")
     try:

@@ -1,0 +1,196 @@
+"""``/api/v1/``: runs, their metrics, episodes and experience banks; launch, clone, resume and cancel.
+
+Every read goes through the pages' selectors (``Run.objects.visible_to``), every write through the pages'
+form and services, so the API can see and do exactly what its caller can on the pages."""
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from ninja import NinjaAPI, Query, Status
+from ninja.errors import HttpError
+from ninja.pagination import paginate
+
+from api.auth import AUTH, CallerThrottle, caller, signed_in, writing_caller
+from api.launch import form_errors, launch_form, preset_base
+from api.schemas import (
+    EpisodeOut,
+    Error,
+    ExperienceOut,
+    LaunchChanges,
+    LaunchIn,
+    LaunchOut,
+    LaunchRefused,
+    MetricRowOut,
+    MetricsOut,
+    RunDetailOut,
+    RunFilters,
+    RunOut,
+)
+from webapp import charts
+from webapp.forms import RunFilterForm
+from webapp.models import EpisodeRecord, MetricRow
+from webapp.selectors import bank_browse, bank_entry, metric_series, run_get, run_list
+from webapp.services import (
+    Launched,
+    RunError,
+    can_launch,
+    run_cancel,
+    run_clone_initial,
+    run_get_managed,
+    run_launch_submission,
+    run_resume,
+)
+
+api = NinjaAPI(
+    title="Complementary RL Studio API",
+    version="1",
+    description="Runs, metrics, episodes and experience banks. Authenticate with a personal access token "
+    "(`Authorization: Bearer crs_...`, made on your account page) or a browser session (writes then need "
+    "the `X-CSRFToken` header).",
+    urls_namespace="api-v1",
+    auth=AUTH,
+    throttle=[CallerThrottle()],
+    docs_decorator=signed_in,
+)
+
+
+@api.exception_handler(PermissionDenied)
+def _forbidden(request: HttpRequest, exc: PermissionDenied) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc) or "Forbidden"}, status=403)
+
+
+@api.exception_handler(RunError)
+def _conflict(request: HttpRequest, exc: RunError) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=409)
+
+
+def _require_launch(user) -> None:
+    if not can_launch(user):
+        raise PermissionDenied("you may not launch runs")
+
+
+@api.get("/", tags=["meta"])
+def index(request: HttpRequest) -> dict[str, str | bool]:
+    """Who is calling, and where the schema and its documentation are."""
+    who = caller(request)
+    return {
+        "user": who.user.get_username(),
+        "can_write": who.can_write,
+        "schema": reverse("api-v1:openapi-json"),
+        "docs": reverse("api-v1:openapi-view"),
+    }
+
+
+# ---- runs ------------------------------------------------------------------------------------------
+
+
+@api.get("/runs", response=list[RunOut], tags=["runs"])
+@paginate
+def runs(request: HttpRequest, filters: Query[RunFilters]):
+    """The runs the caller may see (their own, shared ones; all for staff), filtered as on the runs page."""
+    form = RunFilterForm(filters.model_dump(exclude_none=True))
+    if not form.is_valid():
+        raise HttpError(422, "; ".join(f"{f}: {' '.join(m)}" for f, m in form.errors.items()))
+    data = form.cleaned_data
+    return run_list(caller(request).user, filters=data, sort=data["sort"] or "created").select_related(
+        "experiment"
+    )
+
+
+@api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
+def run(request: HttpRequest, run_id: int):
+    return run_get(caller(request).user, run_id)
+
+
+@api.get("/runs/{run_id}/metrics", response={200: MetricsOut, 404: Error}, tags=["metrics"])
+def metrics(request: HttpRequest, run_id: int, max_points: int = Query(charts.MAX_POINTS, ge=2, le=10_000)):
+    """Both kinds of series, thinned in the database like the run page's charts: at most ``max_points``
+    points each (the last row of every bucket of steps, and the newest row)."""
+    found = run_get(caller(request).user, run_id)
+    out = {}
+    for kind in MetricRow.Kind:
+        series = metric_series(found.id, kind, max_points=max_points)
+        out[kind.value] = series.as_json() | {"cursor": series.cursor}
+    return out
+
+
+@api.get("/runs/{run_id}/metrics/rows", response=list[MetricRowOut], tags=["metrics"])
+@paginate
+def metric_rows(request: HttpRequest, run_id: int, kind: MetricRow.Kind | None = None, after: int = 0):
+    """Every metric row, oldest first; ``after`` a row id (a series' ``cursor``) continues from it."""
+    rows = MetricRow.objects.filter(run=run_get(caller(request).user, run_id), id__gt=after)
+    return (rows.filter(kind=kind) if kind else rows).order_by("id")
+
+
+@api.get("/runs/{run_id}/episodes", response=list[EpisodeOut], tags=["episodes"])
+@paginate
+def episodes(request: HttpRequest, run_id: int, step: int | None = None):
+    """Recorded rollouts with their turns, by step and task instance (``step`` picks one step)."""
+    qs = EpisodeRecord.objects.filter(run=run_get(caller(request).user, run_id))
+    return (qs if step is None else qs.filter(step=step)).order_by("step", "task_instance", "id")
+
+
+@api.get("/runs/{run_id}/bank", response=list[ExperienceOut], tags=["bank"])
+@paginate
+def bank(request: HttpRequest, run_id: int, scope: str = "", sort: str = "recent", pinned: bool = False):
+    """The run's live experience bank; ``sort``: recent (changed), usage (retrievals), success (when used)."""
+    return bank_browse(run_get(caller(request).user, run_id), scope=scope, sort=sort, pinned=pinned)
+
+
+@api.get("/runs/{run_id}/bank/{entry_id}", response={200: ExperienceOut, 404: Error}, tags=["bank"])
+def bank_entry_detail(request: HttpRequest, run_id: int, entry_id: int):
+    """One entry (a deleted one too: ``deleted_at`` says when)."""
+    return bank_entry(run_get(caller(request).user, run_id), entry_id)
+
+
+# ---- writes ----------------------------------------------------------------------------------------
+
+LAUNCH_RESPONSES = {200: LaunchOut, 201: LaunchOut, 403: Error, 404: Error, 422: LaunchRefused}
+
+
+def _launch_answer(launched: Launched | None, form) -> Status:
+    if launched is None:
+        return Status(422, {"detail": "the launch was refused", "errors": form_errors(form)})
+    experiment = launched.experiment
+    body = {
+        "runs": launched.runs,
+        "experiment": experiment.name if experiment else None,
+        "again": launched.again,
+    }
+    return Status(200 if launched.again else 201, body)
+
+
+@api.post("/runs", response=LAUNCH_RESPONSES, tags=["runs"])
+def launch(request: HttpRequest, body: LaunchIn):
+    """Launch runs (or an experiment's grid) with the launch form's rules: the same checks, messages and
+    permission (``webapp.launch_run``). 201 when queued, 200 when this ``submission`` key had been used."""
+    user = writing_caller(request).user
+    _require_launch(user)
+    base = body.base if body.base is not None else preset_base(body.preset)
+    form = launch_form(body, base=base, defaults={"preset": body.preset})
+    return _launch_answer(run_launch_submission(user, form), form)
+
+
+@api.post("/runs/{run_id}/clone", response=LAUNCH_RESPONSES, tags=["runs"])
+def clone(request: HttpRequest, run_id: int, body: LaunchChanges):
+    """Launch a copy of a visible run's config, with ``config`` changes, as the page's "clone" does."""
+    user = writing_caller(request).user
+    _require_launch(user)
+    initial = run_clone_initial(run_get(user, run_id))
+    form = launch_form(body, base=initial.pop("base"), defaults=initial)
+    return _launch_answer(run_launch_submission(user, form), form)
+
+
+@api.post("/runs/{run_id}/resume", response={201: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])
+def resume(request: HttpRequest, run_id: int):
+    """A new run continuing this one (the caller's, or any for staff) from its last checkpoint."""
+    user = writing_caller(request).user
+    found = run_get_managed(user, run_id)
+    _require_launch(user)
+    return Status(201, run_resume(found, user))
+
+
+@api.post("/runs/{run_id}/cancel", response={200: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])
+def cancel(request: HttpRequest, run_id: int):
+    """Cancel a queued run now, or ask a running one to stop between steps (the caller's; any for staff)."""
+    return run_cancel(run_get_managed(writing_caller(request).user, run_id))

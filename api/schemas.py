@@ -1,0 +1,180 @@
+"""What the API reads and answers: the OpenAPI schema is generated from these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.urls import reverse
+from ninja import Field, Schema
+
+from webapp.models import Run
+
+
+class Error(Schema):
+    detail: str
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    uid: UUID
+    owner: str
+    shared: bool
+    tags: list[str]
+    status: str = Field(description="queued, running, succeeded, failed, cancelled, or lost (no heartbeat).")
+    method: str
+    env: str
+    seed: int
+    step: int
+    actor_version: int
+    extractor_version: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str
+    experiment: str | None
+    cell: str
+    latest_success: float | None = Field(None, description="The newest train/success (in run lists).")
+    url: str = Field(description="The run's page.")
+
+    @staticmethod
+    def resolve_owner(run: Run) -> str:
+        return run.owner.get_username()
+
+    @staticmethod
+    def resolve_status(run: Run) -> str:
+        return run.display_status
+
+    @staticmethod
+    def resolve_experiment(run: Run) -> str | None:
+        return run.experiment.name if run.experiment_id else None
+
+    @staticmethod
+    def resolve_latest_success(run: Run) -> float | None:
+        return getattr(run, "latest_success", None)
+
+    @staticmethod
+    def resolve_url(run: Run) -> str:
+        return reverse("run_detail", args=[run.id])
+
+
+class RunDetailOut(RunOut):
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    resume_from: str
+    worker: str
+    heartbeat_at: datetime | None
+    cancel_requested: bool
+
+
+class RunFilters(Schema):
+    """The run list's filters, judged by the runs page's own filter form."""
+
+    q: str | None = Field(None, description="Part of the name or environment.")
+    status: str | None = None
+    method: str | None = None
+    env: str | None = None
+    tag: str | None = None
+    mine: bool = False
+    sort: str | None = Field(None, description="created (default), oldest, name, step, status, success.")
+
+
+class SeriesOut(Schema):
+    step: list[int]
+    wall: list[float]
+    values: dict[str, list[float | None]]
+    bucket: int = Field(description="Steps per bucket: the last row of each bucket, and the newest row.")
+    cursor: int = Field(description="Id of the newest row included; raw rows continue after it.")
+
+
+class MetricsOut(Schema):
+    train: SeriesOut
+    eval: SeriesOut
+
+
+class MetricRowOut(Schema):
+    id: int
+    step: int
+    kind: str
+    wall_time: float
+    values: dict[str, Any]
+
+
+class EpisodeOut(Schema):
+    id: int
+    step: int
+    task_instance: int
+    env: str
+    seed: int
+    guided: bool
+    experience_id: int | None
+    injected_experience: str
+    reward: float
+    success: bool
+    num_actions: int
+    turns: list[Any]
+    actor_version: int
+    extractor_version: int
+
+
+class ExperienceOut(Schema):
+    id: int
+    scope: str
+    title: str
+    content: str
+    version: int
+    source_episode: str
+    created_step: int
+    updated_step: int
+    retrieval_count: int
+    last_retrieved_at: datetime | None
+    training_count: int
+    guided_successes: int
+    guided_failures: int
+    success_rate: float | None
+    pinned: bool
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
+
+
+class LaunchChanges(Schema):
+    """A launch, in the launch form's terms: every value is judged by the form itself."""
+
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Config values by dotted key ({'actor.lr': 1e-5, 'steps': 50}) or nested "
+        "({'actor': {'lr': 1e-5}}); anything not given comes from the starting config.",
+    )
+    name: str | None = Field(None, description="Default: method and environment (a clone: '<name> (clone)').")
+    tags: list[str] | None = None
+    shared: bool | None = Field(None, description="Let every user see the runs (a clone: as the original).")
+    n_seeds: int = Field(1, description="Runs to launch, on seeds seed, seed+1, ...")
+    submission: str = Field(
+        "", description="Idempotency key (up to 64 hex digits): the same key again launches nothing new."
+    )
+    experiment: str = Field("", description="A name here launches a grid: experiment_methods × seeds.")
+    experiment_methods: list[str] = Field(default_factory=list)
+    experiment_seeds: list[int] = Field(default_factory=list)
+
+
+class LaunchIn(LaunchChanges):
+    preset: str = Field("cpu", description="The named preset to start from.")
+    base: dict[str, Any] | None = Field(
+        None, description="A full config to start from instead of the preset."
+    )
+
+
+class LaunchOut(Schema):
+    runs: list[RunOut]
+    experiment: str | None
+    again: bool = Field(description="True if this submission key had launched these runs already.")
+
+
+class LaunchRefused(Schema):
+    detail: str
+    errors: dict[str, list[str]] = Field(
+        description="Messages by config key (or launch field), exactly as the launch form shows them."
+    )
