@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainer.cancel import Cancelled, CancelToken
 from trainer.envs import make_env
 from trainer.models import default_model_path, load_tokenizer, prepare_default_models
 from trainer.prompts import (
@@ -168,3 +169,19 @@ def test_an_observation_turn_does_not_repeat_the_generated_end_of_turn(tokenizer
     cut = chat.observation_turn("obs", [10, 11])
     assert cut == [tokenizer.eos_token_id] + stopped
     assert tokenizer.decode(stopped).startswith("\n<|im_start|>user\nobs")
+
+
+def test_a_set_cancel_token_stops_the_rollout_before_its_next_turn(engine, tokenizer):
+    cancel = CancelToken()
+    limits = dict(max_new_tokens=MAX_NEW, turn_limit=TURN_LIMIT, context_tokens=CONTEXT)
+    runner = EpisodeRunner(engine, tokenizer, cancel=cancel, **limits)
+
+    def retrieve(batch):
+        cancel.set()  # asked while the batch is being set up: no turn may run after it
+        return [None for _ in batch]
+
+    specs = [EpisodeSpec(ENV, seed=3, group=0, guided=True, sample_seed=k) for k in range(2)]
+    with pytest.raises(Cancelled):
+        runner.run(specs, retrieve=retrieve)
+    assert sum(len(pool) for pool in runner._pool.values()) == 2  # its environments were given back
+    runner.close()
