@@ -60,6 +60,10 @@ const Studio = (() => {
     };
     const plot = new uPlot(opts, data, box);
     plot.raw = raw;
+    // series marked ``inLegend: false`` (the bounds of a band) are left out of the legend
+    box.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
+      if (i > 0 && lines[i - 1].inLegend === false) row.hidden = true;
+    });
     return plot;
   }
 
@@ -269,8 +273,8 @@ const Studio = (() => {
           const xs = wall ? s.wall : s.step;
           const base = lines.length + 1;
           lines.push({ label: g.label + " mean", stroke: g.colour, width: 2 },
-                     { label: "95% low", stroke: g.colour + "55", width: 0.5, spanGaps: false },
-                     { label: "95% high", stroke: g.colour + "55", width: 0.5, spanGaps: false });
+                     { label: g.label + " 95% low", stroke: g.colour + "55", width: 0.5, spanGaps: false, inLegend: false },
+                     { label: g.label + " 95% high", stroke: g.colour + "55", width: 0.5, spanGaps: false, inLegend: false });
           shown.push([xs, sm(s.mean)], [xs, sm(s.lo)], [xs, sm(s.hi)]);
           raw.push([xs, s.mean], [xs, s.lo], [xs, s.hi]);
           bands.push({ series: [base + 2, base + 1], fill: g.colour + "22" });
