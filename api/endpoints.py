@@ -16,6 +16,7 @@ from api.schemas import (
     EpisodeOut,
     Error,
     ExperienceOut,
+    IndexOut,
     LaunchChanges,
     LaunchIn,
     LaunchOut,
@@ -69,14 +70,14 @@ def _require_launch(user) -> None:
         raise PermissionDenied("you may not launch runs")
 
 
-@api.get("/", tags=["meta"])
-def index(request: HttpRequest) -> dict[str, str | bool]:
+@api.get("/", response=IndexOut, tags=["meta"])
+def index(request: HttpRequest):
     """Who is calling, and where the schema and its documentation are."""
     who = caller(request)
     return {
         "user": who.user.get_username(),
         "can_write": who.can_write,
-        "schema": reverse("api-v1:openapi-json"),
+        "openapi": reverse("api-v1:openapi-json"),
         "docs": reverse("api-v1:openapi-view"),
     }
 

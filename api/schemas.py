@@ -16,6 +16,13 @@ class Error(Schema):
     detail: str
 
 
+class IndexOut(Schema):
+    user: str
+    can_write: bool = Field(description="False for a read-only token.")
+    openapi: str = Field(description="The OpenAPI schema.")
+    docs: str = Field(description="The schema as browsable documentation.")
+
+
 class RunOut(Schema):
     id: int
     name: str

@@ -15,9 +15,10 @@ from webapp.models import Run
 @pytest.fixture(autouse=True)
 def rate_limit_of_its_own(settings):
     """Each test counts requests under a key prefix of its own: Redis is shared by every test database, and
-    user ids repeat across them."""
+    user ids repeat across them. Passwords hash fast: these tests are about tokens, not password storage."""
     api_cache = settings.CACHES["api"] | {"KEY_PREFIX": f"test-api-{uuid.uuid4().hex}"}
     settings.CACHES = settings.CACHES | {"api": api_cache}
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def grant_launch(user):

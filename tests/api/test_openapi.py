@@ -11,7 +11,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_served_schema_is_valid_openapi_and_lists_the_endpoints(client, user):
-    response = client.get("/api/v1/openapi.json", headers=bearer(user, "read"))
+    index = client.get("/api/v1/", headers=bearer(user, "read")).json()
+    assert index["user"] == "alice" and not index["can_write"] and index["docs"] == "/api/v1/docs"
+    response = client.get(index["openapi"], headers=bearer(user, "read"))
     assert response.status_code == 200
     schema = response.json()
     validate(schema)
