@@ -6,9 +6,9 @@ by ``[SEP]``, as in the ReAct prompts): search page -> results (10 per page, ``N
 ``Buy Now``, ``< Prev``) -> sub-pages -> done page. Actions are ``search[keywords]`` and
 ``click[button]``; clickables are lower-cased as in WebShop's ``get_available_actions``.
 
-Two choices differ from WebShop, both for a cleaner RL signal: a click on something that is not on
-the page, or a search where there is no search bar, gets an invalid-action observation (WebShop
-silently does nothing and allows a search from any page); and the reward is capped at 1.0.
+One choice differs from WebShop, for a cleaner RL signal: a click on something that is not on the
+page, or a search where there is no search bar, gets an invalid-action observation (WebShop silently
+does nothing and allows a search from any page). The reward is WebShop master's (``reward.py``).
 """
 
 from __future__ import annotations

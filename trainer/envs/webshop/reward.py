@@ -1,10 +1,20 @@
-"""WebShop's reward, after ``web_agent_site/engine/goal.py`` (Yao et al. 2022).
+"""WebShop's reward as its benchmarks report it: princeton-nlp/WebShop master (64fa2a5),
+``web_agent_site/engine/goal.py`` and ``normalize.py`` (Yao et al. 2022).
 
-reward = r_type * (n_attr_matched + n_option_matched + price_ok) / (n_goal_attrs + n_goal_options + 1)
+reward = r_type * (n_attrs_matched + n_goal_options_matched + price_ok) / (n_attrs + n_goal_options + 1)
 
-Two stand-ins keep it offline and light, both documented where they are used:
-- ``token_set_ratio`` re-implements thefuzz's scorer with difflib (same token-set construction);
-- the type reward's spaCy noun filter becomes a content-word filter (stop words and numbers out).
+Each count is at most its term of the denominator, so the reward lies in [0, 1] and equals 1.0 only
+when the type, every goal attribute, every goal option and the price are all right.
+
+Two stand-ins keep it offline and light, each documented where it is used:
+- ``token_set_ratio`` is thefuzz 0.19's (WebShop's pin) with difflib, as thefuzz runs without
+  python-Levenshtein; thefuzz 0.20+ (rapidfuzz) decides some pairs differently;
+- the type reward's spaCy noun filter (``en_core_web_sm`` tags) becomes a content-word filter.
+
+WebShop's v2 branch scores options differently (sizes matched exactly, a goal option found in the
+product's texts counts, synonyms looked up online); it is not what WebShop's results use and is not
+offered here. ``tests/trainer/envs/data/webshop_reward_vectors.jsonl`` holds 600 cases scored by the
+original master code; the tests check this module against them.
 """
 
 from __future__ import annotations
@@ -13,66 +23,103 @@ import re
 from difflib import SequenceMatcher
 from typing import Any
 
-EXACT_MATCH_OPTS = ("size",)
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 """Price ceilings a goal may name (WebShop's ``PRICE_RANGE``)."""
 
-_COLORS = (
-    "black white grey gray silver gold rose red pink purple lavender blue navy teal green olive "
-    "yellow orange brown beige ivory cream tan khaki burgundy wine coral mint clear"
+COLOR_SET = (
+    "alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown "
+    "burgundy camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac "
+    "copper coral cranberry cream crystal dark denim eggplant elephant espresso fuchsia gold granite "
+    "grape graphite grass gray green grey heather indigo ivory ivy khaki lavender lemon leopard light "
+    "lilac lime magenta maroon mauve merlot midnight mint mocha multicolor mushroom mustard natural "
+    "navy nude olive orange peach pewter pink plum purple rainbow red rose royal rust sand sapphire "
+    "seashell silver skull slate steel stone stonewash sunflower tan taupe teal tiger turquoise violet "
+    "walnut wheat white wine yellow"
 ).split()
+"""WebShop's ``COLOR_SET``, in its order: the first one found inside a value wins."""
 
-_STOP = set(
-    "a an the and or of for with in on to by at from as is it its this that these those be are was "
-    "set pack count piece pcs inch inches oz fl ft lb x us new".split()
+# spaCy's English stop words (spacy/lang/en/stop_words.py), for the type reward's noun filter.
+_STOP_WORDS = frozenset(
+    """
+a about above across after afterwards again against all almost alone along already also although
+always am among amongst amount an and another any anyhow anyone anything anyway anywhere are around
+as at back be became because become becomes becoming been before beforehand behind being below
+beside besides between beyond both bottom but by call can cannot ca could did do does doing done down
+due during each eight either eleven else elsewhere empty enough even ever every everyone everything
+everywhere except few fifteen fifty first five for former formerly forty four from front full further
+get give go had has have he hence her here hereafter hereby herein hereupon hers herself him himself
+his how however hundred i if in indeed into is it its itself keep last latter latterly least less
+just made make many may me meanwhile might mine more moreover most mostly move much must my myself
+name namely neither never nevertheless next nine no nobody none noone nor not nothing now nowhere of
+off often on once one only onto or other others otherwise our ours ourselves out over own part per
+perhaps please put quite rather re really regarding same say see seem seemed seeming seems serious
+several she should show side since six sixty so some somehow someone something sometime sometimes
+somewhere still such take ten than that the their them themselves then thence there thereafter
+thereby therefore therein thereupon these they third this those though three through throughout
+thru thus to together too top toward towards twelve twenty two under until up unless upon us used
+using various very via was we well were what whatever when whence whenever where whereafter
+whereas whereby wherein whereupon wherever whether which while whither who whoever whole whom whose
+why will with within without would yet you your yours yourself yourselves
+""".split()
 )
 
 
-def _tokens(s: str) -> list[str]:
-    return re.sub(r"[^0-9a-z]+", " ", s.lower()).split()
+# ---- thefuzz 0.19's token_set_ratio ------------------------------------------------------------------
+_LATIN1_HIGH = {c: None for c in range(128, 256)}
+_NON_WORD = re.compile(r"(?ui)\W")
+
+
+def _full_process(s: str) -> str:
+    """thefuzz's ``full_process(force_ascii=True)``: drop chars 128-255, non-word chars to spaces, lower."""
+    return _NON_WORD.sub(" ", s.translate(_LATIN1_HIGH)).lower().strip()
 
 
 def _ratio(a: str, b: str) -> int:
-    if not a and not b:
+    """thefuzz 0.19's ``ratio`` on difflib: equal -> 100, one empty -> 0, else rounded 100 * ratio."""
+    if a == b:
+        return 100
+    if not a or not b:
         return 0
-    return round(100 * SequenceMatcher(None, a, b).ratio())
+    return int(round(100 * SequenceMatcher(None, a, b).ratio()))
 
 
 def token_set_ratio(s1: str, s2: str) -> int:
-    """thefuzz's ``token_set_ratio``: compare the shared tokens with each side's full token set."""
-    t1, t2 = set(_tokens(s1)), set(_tokens(s2))
-    if not t1 or not t2:
+    """thefuzz 0.19's ``token_set_ratio``: the shared tokens against each side's full token set."""
+    p1, p2 = _full_process(s1), _full_process(s2)
+    if not p1 or not p2:
         return 0
+    t1, t2 = set(p1.split()), set(p2.split())
     common = " ".join(sorted(t1 & t2))
-    side1 = " ".join(x for x in [common, " ".join(sorted(t1 - t2))] if x)
-    side2 = " ".join(x for x in [common, " ".join(sorted(t2 - t1))] if x)
-    if common and (side1 == common or side2 == common):
-        return 100
+    side1 = (common + " " + " ".join(sorted(t1 - t2))).strip()
+    side2 = (common + " " + " ".join(sorted(t2 - t1))).strip()
     return max(_ratio(common, side1), _ratio(common, side2), _ratio(side1, side2))
 
 
+# ---- the reward's parts ------------------------------------------------------------------------------
 def normalize_color(value: str) -> str:
-    """WebShop's ``normalize_color``: the first known colour word in the value, else the value."""
-    words = _tokens(value)
-    for color in _COLORS:
-        if color in words:
-            return color
-    return value
+    """WebShop's ``normalize_color``: the first ``COLOR_SET`` entry found inside the value, else the value."""
+    return next((color for color in COLOR_SET if color in value), value)
 
 
-def content_words(title: str) -> list[str]:
-    """Stand-in for WebShop's spaCy noun filter: alphabetic non-stop words of a title."""
-    return [t for t in _tokens(title) if t.isalpha() and len(t) > 1 and t not in _STOP]
+def type_words(name: str) -> list[str]:
+    """Stand-in for WebShop's noun filter, which keeps the lower-cased tokens that spaCy's
+    ``en_core_web_sm`` tags NOUN or PROPN. Without the tagger (the model is not installable from
+    PyPI): every alphabetic token except spaCy's English stop words, so adjectives and verbs count
+    too. On the 600 reference cases this changes the type reward in 5 of them."""
+    return [t for t in re.findall(r"[a-z]+", name.lower()) if t not in _STOP_WORDS]
 
 
 def get_type_reward(purchased: dict[str, Any], goal: dict[str, Any]) -> dict[str, Any]:
-    """Whether the purchased product is the kind of product asked for (query, category path, title)."""
+    """Whether the purchased product is the kind of product asked for (query, category path, name)."""
     query_match = purchased["query"] == goal["query"]
     bought_path = {x.strip() for x in purchased["product_category"].split("›")}
     goal_path = {x.strip() for x in goal["product_category"].split("›")}
     category_match = len(bought_path & goal_path) >= 2
-    bought_words, desired_words = set(content_words(purchased["name"])), set(content_words(goal["name"]))
-    title_score = len(bought_words & desired_words) / len(desired_words) if desired_words else 0.2
+    bought_words, desired_words = set(type_words(purchased["name"])), type_words(goal["name"])
+    if desired_words:
+        title_score = len(bought_words & set(desired_words)) / len(desired_words)
+    else:
+        title_score = 0.2
     r_type = 1.0
     if not (query_match or category_match or title_score > 0.2):
         r_type = 0.5
@@ -107,20 +154,11 @@ def get_attribute_reward(purchased: dict[str, Any], goal: dict[str, Any]) -> tup
     return matches / len(goal["attributes"]), matches
 
 
-def get_option_reward(
-    purchased: dict[str, Any], goal_options: list[str], chosen: dict[str, str]
-) -> tuple[float | None, int]:
-    """Chosen options that match a goal option (size exactly, others fuzzily), else found in texts."""
-    chosen = {k: normalize_color(v) for k, v in chosen.items()}
+def get_option_reward(chosen: list[str], goal_options: list[str]) -> tuple[float | None, int]:
+    """Goal options that some chosen option matches fuzzily, after colour normalisation."""
+    chosen = [normalize_color(o) for o in chosen]
     goal_options = [normalize_color(o) for o in goal_options]
-    matches = 0
-    for key, value in chosen.items():
-        if key.lower() in EXACT_MATCH_OPTS:
-            matched = value in goal_options
-        else:
-            matched = any(token_set_ratio(g, value) > 85 for g in goal_options)
-        if matched or _in_text(value, purchased):
-            matches += 1
+    matches = sum(any(token_set_ratio(c, g) > 85 for c in chosen) for g in goal_options)
     return (matches / len(goal_options) if goal_options else None), matches
 
 
@@ -129,15 +167,17 @@ def get_reward(
 ) -> tuple[float, dict[str, Any]]:
     """WebShop's total reward for buying ``purchased`` at ``price`` with ``options``, and its parts.
 
-    As in WebShop the sum can exceed the denominator when extra chosen options match; the score
-    is capped at 1.0 here so that a reward of 1.0 means exactly "everything asked for".
+    ``goal["goal_options"]`` is a list of values (WebShop's human goals, which its benchmarks use) or
+    a dict whose values are scored like that list (master passes a dict's (name, value) pairs, which
+    thefuzz then reads as their repr). Only the chosen options' values count, as in WebShop.
     """
-    goal_options = list(goal["goal_options"].values())
+    goal_options = goal["goal_options"]
+    goal_values = list(goal_options.values() if isinstance(goal_options, dict) else goal_options)
     r_type = get_type_reward(purchased, goal)
     r_price = price <= goal["price_upper"]
     r_att, n_att = get_attribute_reward(purchased, goal)
-    r_option, n_opt = get_option_reward(purchased, goal_options, options)
-    total = (n_att + n_opt + r_price) / (len(goal["attributes"]) + len(goal_options) + 1)
-    total = min(1.0, total * r_type["r_type"])
+    r_option, n_opt = get_option_reward(list(options.values()), goal_values)
+    total = (n_att + n_opt + r_price) / (len(goal["attributes"]) + len(goal_values) + 1)
+    total *= r_type["r_type"]
     parts = {"r_att": r_att, "r_option": r_option, "r_price": r_price} | r_type
     return total, parts
