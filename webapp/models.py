@@ -33,9 +33,13 @@ class RunQuerySet(models.QuerySet):
         return self.filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
 
     def lost(self) -> RunQuerySet:
-        """Running, but the worker stopped beating (``Run.is_lost``)."""
+        """Runs shown as lost (``Run.is_lost``): running with a stale heartbeat (in SQL), or with a claiming
+        process on this host that is gone (checked in Python on the few running runs that still beat)."""
         stale = timezone.now() - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
-        return self.filter(status=Run.Status.RUNNING, heartbeat_at__lt=stale)
+        running = self.filter(status=Run.Status.RUNNING, heartbeat_at__isnull=False)
+        beating = running.exclude(heartbeat_at__lt=stale).select_related(None).only("pk", "status", "worker")
+        gone = [run.pk for run in beating if run.holder_is_gone]
+        return running.filter(Q(heartbeat_at__lt=stale) | Q(pk__in=gone))
 
     def with_display_status(self, status: str) -> RunQuerySet:
         """Runs showing ``status`` (``Run.display_status``): 'lost' ones apart from those still 'running'."""

@@ -48,7 +48,7 @@ const Studio = (() => {
     const series = lines.map((line, i) => ({
       spanGaps: true,
       ...line,
-      value: (u, v, si, idx) => fmt(raw[si] ? raw[si][idx] : v),
+      value: (u, v, si, idx) => fmt(u.raw && u.raw[si] ? u.raw[si][idx] : v),   // live pages replace u.raw
     }));
     const xAxis = range ? { label: xLabel, incrs: STEP_INCRS, values: (u, ticks) => ticks.map(String) } : { label: xLabel };
     const opts = {

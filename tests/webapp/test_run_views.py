@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -205,11 +206,14 @@ def test_the_status_filter_tells_lost_runs_from_running_ones(client, user):
     stale = timezone.now() - timezone.timedelta(minutes=10)
     _run(user, name="stuck-run", status=Run.Status.RUNNING, heartbeat_at=stale)
     _run(user, name="beating-run", status=Run.Status.RUNNING, heartbeat_at=timezone.now())
+    gone = f"w@{socket.gethostname()}:{2**22 + 1}"  # above Linux's largest pid: no such process
+    _run(user, name="orphan-run", status=Run.Status.RUNNING, heartbeat_at=timezone.now(), worker=gone)
     client.force_login(user)
     lost = client.get(reverse("home"), {"status": "lost"}).content.decode()
-    assert "stuck-run" in lost and "beating-run" not in lost and '<option value="lost" selected>' in lost
+    assert "stuck-run" in lost and "orphan-run" in lost and "beating-run" not in lost
+    assert '<option value="lost" selected>' in lost
     running = client.get(reverse("home"), {"status": "running"}).content.decode()
-    assert "beating-run" in running and "stuck-run" not in running
+    assert "beating-run" in running and "stuck-run" not in running and "orphan-run" not in running
 
 
 def test_the_worker_indicator_counts_queued_runs(client, user):
