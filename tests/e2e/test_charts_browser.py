@@ -4,6 +4,8 @@ Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -11,7 +13,9 @@ from django.contrib.auth.models import Permission
 
 from tests.e2e.conftest import ARTIFACTS
 from trainer.config import get_preset
+from webapp.events import broadcast_run_event
 from webapp.models import Experiment, MetricRow, Run
+from webapp.selectors import metric_event
 
 PASSWORD = "correct horse battery"
 EXTRACTOR_KEYS = [
@@ -30,6 +34,14 @@ def _login(page, server: str) -> None:
     page.fill("#id_password", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_selector("#run-list")
+
+
+def _wait_for_js(page, expression: str, timeout_s: float = 30) -> None:
+    """Poll from here: the pages' Content-Security-Policy forbids Playwright's in-page wait_for_function."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"{expression} still false after {timeout_s} s"
+        page.wait_for_timeout(50)
 
 
 def _run(owner, name: str, method: str, seed: int, experiment=None, steps=3, level=0.0) -> Run:
@@ -95,6 +107,16 @@ def _run_page(page, server: str, run: Run) -> None:
     )
     _shot(page, "charts-01-run-default-panels")
 
+    # a step arrives live, with a metric no panel had: the panels regroup, the x range follows the run
+    page.wait_for_selector("#live-state.live")
+    values = {"bank/size": 63.0, "train/success": 0.5, "extractor/new_metric": 1.0}
+    row = MetricRow.objects.create(run=run, step=4, wall_time=120.0, values=values)
+    with ThreadPoolExecutor(1) as pool:  # as a worker would, outside Playwright's event loop
+        pool.submit(broadcast_run_event, run.id, metric_event(row)).result()
+    _wait_for_js(page, f"{plot}.data[1].length === 4")
+    assert page.evaluate(f"{plot}.data[1]") == [9, 27, 45, 63]  # 4 points: still unsmoothed at 0.9
+    assert page.evaluate("window.studioRun.plots.success.scales.x.max") == 4
+
     # the filter finds a folded panel: its section opens, everything else hides
     page.fill("#panel-filter", "extractor")
     page.wait_for_selector("#chart-extractor canvas")
@@ -105,7 +127,7 @@ def _run_page(page, server: str, run: Run) -> None:
     assert visible_sections == ["Experience bank and extractor"]
     assert "1 of" in page.inner_text("#panel-count")
     drawn = "window.studioRun.plots.extractor.series.slice(1).filter(s => s.show).length"
-    assert page.evaluate(drawn) == 6  # of 8: the legend draws the others on a click
+    assert page.evaluate(drawn) == 6  # of 9: the legend draws the others on a click
     page.locator("#chart-extractor .u-legend .u-series").nth(7).click()
     assert page.evaluate(drawn) == 7
     _shot(page, "charts-02-run-panel-filter")
