@@ -102,7 +102,8 @@ LEADING_KEYS = (
     "train/reward", "train/guided/reward", "train/free/reward",
     "bank/size", "experience/bank_size",
     "time/step_s", "time/rollout_s", "time/backward_s",
-    "actor/loss", "eval/actions", "eval/with_exp/actions",
+    "actor/loss", "actor/clip_frac", "extractor/loss", "extractor/clip_frac",
+    "eval/actions", "eval/with_exp/actions",
 )  # fmt: skip
 """Keys a panel lists (and draws) first, in this order; the rest follow, shallowest names first."""
 COMPARE_DEFAULT = (

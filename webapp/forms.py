@@ -91,6 +91,8 @@ class ConfigTemplate:
     help: str
     experiment: bool
     """An experiment file (methods × seeds), not a run's config."""
+    variants: tuple[str, ...] = ()
+    """An experiment's variants (arms beyond its methods): the form cannot launch them."""
 
 
 def configs_dir() -> Path:
@@ -107,15 +109,27 @@ def leading_comment(text: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
+def _read_table(path: Path) -> dict[str, Any]:
+    """A TOML or JSON file's top-level table ({} if it is not one)."""
+    try:
+        data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    except (ValueError, tomllib.TOMLDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def config_templates() -> list[ConfigTemplate]:
     """Every run config in ``configs/`` and every experiment in ``configs/experiments/``, by name."""
     root = configs_dir()
     found = []
     for folder, experiment in ((root, False), (root / "experiments", True)):
         for path in sorted(folder.glob("*")):
-            if path.suffix in TEMPLATE_SUFFIXES and path.is_file():
-                name = str(path.relative_to(root))
-                found.append(ConfigTemplate(name, path, leading_comment(path.read_text()), experiment))
+            if path.suffix not in TEMPLATE_SUFFIXES or not path.is_file():
+                continue
+            variants = _read_table(path).get("variants", []) if experiment else []
+            names = tuple(str(v.get("name", "")) for v in variants if isinstance(v, dict))
+            help_text = leading_comment(path.read_text())
+            found.append(ConfigTemplate(str(path.relative_to(root)), path, help_text, experiment, names))
     return found
 
 
@@ -130,8 +144,7 @@ def template_initial(template: ConfigTemplate) -> dict[str, Any]:
     base, budget, first method and first seed) with its name, methods and seeds in the experiment fields."""
     if not template.experiment:
         config = RunConfig.from_file(template.path)
-        raw = template.path.read_text()
-        preset = (tomllib.loads(raw) if template.path.suffix == ".toml" else json.loads(raw)).get("preset")
+        preset = _read_table(template.path).get("preset")
         return config_initial(config) | {"preset": preset if preset in PRESETS else "cpu"}
     spec = ExperimentSpec.from_file(template.path)
     method = spec.methods[0] if spec.methods else spec.variants[0].method

@@ -69,7 +69,10 @@ def test_an_experiment_template_fills_the_grid_fields_with_a_free_name(client, l
         assert re.search(rf'value="{method}"[^>]*checked', page), method
     for seed in spec.seeds:
         assert re.search(rf'name="experiment_seeds" value="{seed}"[^>]*checked', page), seed
-    assert "manage.py experiment run configs/experiments/room-random.toml" in page  # its variant
+    assert "Its variants (static_online+curated) launch with" in page
+    assert "manage.py experiment run configs/experiments/room-random.toml" in page
+    page = client.get(reverse("run_launch"), {"template": "experiments/room-5x5.toml"}).content.decode()
+    assert 'id="template-note"' in page and "Its variants" not in page
 
 
 def test_an_unknown_template_is_refused_with_a_message(client, launcher):
