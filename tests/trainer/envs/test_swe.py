@@ -11,6 +11,7 @@ import pytest
 from trainer.envs import make_env
 from trainer.envs.splits import SplitChecksumError, load_split, split_path
 from trainer.envs.swe.build import TINY_SPLIT, build_project, load_instances
+from trainer.envs.swe.check import check_instance, check_split
 from trainer.envs.swe.env import SWEMiniEnv, parse, random_action
 from trainer.envs.swe.mutate import apply_patch, find_mutations, make_patch
 from trainer.envs.swe.projects import PROJECTS
@@ -232,3 +233,25 @@ def test_gold_patches_round_trip_and_statements_do_not_show_them() -> None:
         buggy = m.apply(source)
         patch = make_patch("f.py", buggy, source)
         assert apply_patch({"f.py": buggy}, patch) == {"f.py": source}
+
+
+# ---- the instance sets re-checked through the env's grading ----------------------------------------
+@pytest.mark.parametrize(("split", "subset", "sample"), [("eval", "all", 2), ("train", "tiny", 2)])
+def test_sampled_instances_fail_at_the_mutant_and_pass_with_the_gold_patch(split, subset, sample) -> None:
+    """A sample in CI; ``python -m trainer.envs.swe.check`` checks every instance of both splits."""
+    checks = check_split(split, subset, sample=sample, log=lambda _: None)
+    assert len(checks) == sample
+    assert [c.problems for c in checks] == [[] for _ in checks]
+
+
+def test_the_check_reports_an_instance_whose_test_lists_are_wrong(tiny: SWEMiniEnv) -> None:
+    inst = tiny.instances[0]
+    assert inst["PASS_TO_PASS"]
+    # A passing test claimed to fail at the mutant, and a failing one claimed to pass.
+    tiny.instances = [
+        inst | {"FAIL_TO_PASS": inst["PASS_TO_PASS"][:1], "PASS_TO_PASS": inst["FAIL_TO_PASS"][:1]}
+    ]
+    problems = check_instance(tiny, 0).problems
+    assert any("FAIL_TO_PASS passing at the mutant" in p for p in problems)
+    assert any("PASS_TO_PASS not passing at the mutant" in p for p in problems)
+    assert not any("gold patch" in p for p in problems)
