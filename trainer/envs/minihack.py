@@ -48,6 +48,8 @@ TRAIN_SEEDS = range(0, 10**9)
 EVAL_SEEDS = range(10**9, 2 * 10**9)
 EVAL_SIZE = 100
 OBS_KEYS = ("glyphs", "chars", "message", "blstats", "screen_descriptions", "inv_strs")
+LEGEND_CAP = 15
+"""Most legend lines a render shows: the nearest notable cells."""
 
 _ACTION_RE = re.compile(
     r"\b(north|south)[\s_-]?(east|west)\b|\b(north|south|east|west)\b|\b(pick[\s_-]?up)\b|\b(apply)\b"
@@ -307,8 +309,10 @@ class MiniHackEnv(TextEnv):
         chars = self._obs["chars"]
         ax, ay = self._agent()
         seen = (chars != ord(" ")) & (chars != 0)
+        # The box of drawn cells, blank rows inside it included (dropping them would shift what lies below).
         rows, cols = np.nonzero(seen.any(axis=1))[0], np.nonzero(seen.any(axis=0))[0]
-        grid = [bytes(chars[i, cols[0] : cols[-1] + 1]).decode("latin-1").rstrip() for i in rows]
+        box = chars[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1] if len(rows) else chars[:0]
+        grid = [bytes(row).decode("latin-1").rstrip() for row in box]
         notable = []
         for y, x in zip(*np.nonzero(seen), strict=True):
             desc = self._desc(int(x), int(y))
@@ -328,7 +332,7 @@ class MiniHackEnv(TextEnv):
             "Map (you are @; north is up):",
             *(grid or ["(nothing)"]),
             "You see:" if notable else "You see nothing notable yet.",
-            *[line for _, line in notable[:15]],
+            *[line for _, line in notable[:LEGEND_CAP]],
             "Next to you: " + "; ".join(around) + ".",
             f"HP {int(bl[10])}/{int(bl[11])}.",
         ]

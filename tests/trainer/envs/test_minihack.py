@@ -1,14 +1,17 @@
-"""MiniHack tasks on the real NetHack engine: expert, random policy, parsing, seeds, limits, rendering."""
+"""MiniHack tasks on the real NetHack engine: expert, random policy, parsing, seeds, limits, rendering,
+and the text observation checked against NLE's own observation keys."""
 
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
 
 from trainer.envs import env_names, make_env
 from trainer.envs.minihack import DIRECTIONS, EVAL_SEEDS, TASKS, TRAIN_SEEDS, MiniHackEnv
+from trainer.envs.minihack_check import check_env, check_observation
 from trainer.envs.splits import load_split, split_path
 
 
@@ -196,3 +199,38 @@ def test_train_keyrooms_without_a_key_are_skipped(envs):
     assert keyless, "expected some keyless levels among 40"
     env.reset(keyless[0])
     assert env.solvable() and env._level_seed > keyless[0]
+
+
+# ---- the text observation against NLE's observation keys ------------------------------------------
+CHECKED_STATES = 200
+"""Per task in CI; ``python -m trainer.envs.minihack_check`` checks 1000 per task."""
+
+
+@pytest.mark.parametrize("name", [t.name for t in TASKS])
+def test_the_text_observation_agrees_with_nle_on_random_states(name):
+    """Map = NLE's chars around blstats' agent, legend = screen_descriptions at the stated offsets."""
+    report = check_env(name, CHECKED_STATES)
+    assert report.states == CHECKED_STATES and report.legend_lines > 0
+    assert report.problems == []
+
+
+def test_the_check_catches_a_shifted_map_a_wrong_legend_and_wrong_neighbours(envs):
+    env = envs("MiniHack-Room-Random-15x15", "train")
+    env.reset(3)
+    text = env.render()
+    assert check_observation(text, env._obs) == []
+    lines = text.split("\n")
+    map_start = lines.index("Map (you are @; north is up):") + 1
+    legend = next(i for i, ln in enumerate(lines) if ln.startswith("- staircase down"))
+    wrong = {
+        "a map row dropped": lines[: map_start + 1] + lines[map_start + 2 :],
+        "a legend line one cell off": [
+            re.sub(r"\((\d+)", lambda m: f"({int(m.group(1)) + 1}", ln) if i == legend else ln
+            for i, ln in enumerate(lines)
+        ],
+        "a legend symbol wrong": [ln.replace("(>)", "(<)") for ln in lines],
+        "the neighbours turned": [ln.replace("Next to you: north", "Next to you: south", 1) for ln in lines],
+    }
+    for why, changed in wrong.items():
+        assert "\n".join(changed) != text, why
+        assert check_observation("\n".join(changed), env._obs), why
