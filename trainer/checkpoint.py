@@ -30,8 +30,15 @@ import torch
 from trainer.config import ConfigError, RunConfig
 
 STATE_FILE = "state.json"
-RESUMABLE_DIFFERENCES = ("steps", "eval_every", "checkpoint_every", "checkpoint_keep", "checkpoint_minutes")
-"""Config keys a resumed run may change: where it stops, and when it evaluates and checkpoints."""
+RESUMABLE_DIFFERENCES = (
+    "steps",
+    "eval_every",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "checkpoint_minutes",
+    "tracking.tensorboard",
+)
+"""Config keys a resumed run may change: where it stops, when it evaluates and checkpoints, what it logs."""
 
 
 @dataclass(frozen=True)

@@ -68,13 +68,12 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     cfg = RunConfig.from_dict(run.config)
     out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
-    own_step = read_checkpoint(out_dir).step if resume == out_dir else 0
-    if own_step >= cfg.steps:  # it died after its last step, before it was marked done
+    start_step = read_checkpoint(resume).step if resume is not None else 0
+    if resume == out_dir and start_step >= cfg.steps:  # it died after its last step, before being marked done
         return _finish(run, Run.Status.SUCCEEDED)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
     out_dir.mkdir(parents=True, exist_ok=True)
-    if resume is None or resume == out_dir:  # a restart in its own folder: drop what the last try left
-        rewind(run, own_step)
+    rewind(run, start_step)  # a restart: drop what an interrupted attempt recorded after where it resumes
     cancel = CancelToken()
     with ExitStack() as stack:
         stack.enter_context(Heartbeat(run.pk, cancel=cancel))

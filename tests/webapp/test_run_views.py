@@ -274,15 +274,20 @@ def test_other_users_cannot_cancel_or_resume(client, user, other_user):
     assert Run.objects.filter(status=Run.Status.QUEUED).count() == 1 and Run.objects.count() == 2
 
 
-def test_resume_queues_a_new_run_from_the_checkpoint(client, launcher, django_capture_on_commit_callbacks):
-    run = _run(launcher, name="long", status=Run.Status.FAILED, checkpoint_dir="/var/ckpt/7", tags=["t"])
+def test_resume_queues_a_new_run_from_the_checkpoint(
+    client, launcher, django_capture_on_commit_callbacks, tmp_path
+):
+    checkpoint = tmp_path / "checkpoints" / "step-000007"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text("{}")
+    run = _run(launcher, name="long", status=Run.Status.FAILED, checkpoint_dir=str(tmp_path), tags=["t"])
     client.force_login(launcher)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = client.post(reverse("run_resume", args=[run.id]))
     resumed = Run.objects.exclude(pk=run.pk).get()
     assert response["Location"] == reverse("run_detail", args=[resumed.id]) and len(callbacks) == 1
     assert (
-        resumed.resume_from == "/var/ckpt/7"
+        resumed.resume_from == str(tmp_path)
         and resumed.config == run.config
         and resumed.name == "long (resumed)"
     )
@@ -518,3 +523,10 @@ def test_the_same_form_submission_posted_twice_launches_once(client, launcher):
     assert "submitted already" in second.content.decode()
     other = client.get(reverse("run_launch")).content.decode()
     assert token not in other  # every showing of the form gets its own token
+
+
+def test_the_launch_link_shows_for_the_launch_permission_alone(client, launcher, other_user):
+    client.force_login(launcher)
+    assert f'href="{reverse("run_launch")}"' in client.get(reverse("home")).content.decode()
+    client.force_login(other_user)
+    assert f'href="{reverse("run_launch")}"' not in client.get(reverse("home")).content.decode()
