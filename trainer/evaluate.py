@@ -3,7 +3,8 @@
 Greedy episodes on the first ``episodes`` instances of each environment's frozen eval split, played twice:
 without experience (``eval/...``) and with the top-1 retrieved entry injected into the system prompt
 (``eval/with_exp/...``). Reported per environment for mixtures and averaged over environments (each env
-weighs the same, whatever its number of eval instances): success rate, mean action count, mean reward.
+weighs the same, whatever its number of eval instances): success rate, mean action count, mean reward. The
+envs of a mixture play each column in one batch. Every method evaluates here (``TrainingLoop.evaluate`` too).
 
 ``evaluate_checkpoint(path)`` evaluates a saved actor; ``manage.py evaluate <checkpoint>`` wraps it.
 Search-and-Ask is not used in evaluation: the "with experience" column measures retrieval alone.
@@ -66,12 +67,16 @@ def evaluate(
         columns.append(("eval/" + WITH_EXP, True))
     metrics: Metrics = {}
     for prefix, guided in columns:
+        # a mixture's envs play in one batch: one engine call per turn for all of them, not one per env
+        specs = {name: eval_specs(name, episodes, guided=guided) for name in names}
+        played, _ = runner.run(
+            [s for env_specs in specs.values() for s in env_specs],
+            retrieve=retrieve if guided else None,
+            temperature=EVAL_TEMPERATURE,
+        )
         per_env: dict[str, list[Episode]] = {}
-        for name in names:
-            specs = eval_specs(name, episodes, guided=guided)
-            per_env[name], _ = runner.run(
-                specs, retrieve=retrieve if guided else None, temperature=EVAL_TEMPERATURE
-            )
+        for name, env_specs in specs.items():
+            per_env[name], played = played[: len(env_specs)], played[len(env_specs) :]
         metrics |= column_metrics(per_env, prefix)
     if retrieve is not None:
         metrics["eval/exp_gain"] = metrics["eval/" + WITH_EXP + "success"] - metrics["eval/success"]

@@ -25,14 +25,13 @@ from trainer.actor import ActorUpdate
 from trainer.cancel import Cancelled, CancelToken
 from trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trainer.config import RunConfig
-from trainer.envs.base import make_env, make_mixture
+from trainer.envs.base import make_mixture
+from trainer.evaluate import evaluate
 from trainer.report import Reporter
 from trainer.rollout.base import Engine
 from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
 
 Metrics = dict[str, float]
-EVAL_TEMPERATURE = 0.0
-"""Evaluation decodes greedily: the same weights always give the same eval result."""
 
 
 def sample_tasks(cfg: RunConfig, step: int) -> list[EpisodeSpec]:
@@ -161,20 +160,7 @@ class TrainingLoop:
 
     def evaluate(self, step: int) -> Metrics:
         """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""
-        t0 = time.perf_counter()
-        metrics: Metrics = {}
-        names = make_mixture(self.cfg.env).names
-        all_episodes: list[Episode] = []
-        for name in names:
-            n = self.cfg.eval_episodes
-            size = make_env(name, split="eval").num_instances()
-            specs = [EpisodeSpec(name, seed) for seed in range(min(n, size) if size else n)]
-            episodes, _ = self.eval_runner.run(specs, temperature=EVAL_TEMPERATURE)
-            all_episodes += episodes
-            if len(names) > 1:
-                metrics |= episode_metrics(episodes, f"eval/{name}/")
-        metrics |= episode_metrics(all_episodes, "eval/")
-        metrics["eval/time_s"] = time.perf_counter() - t0
+        metrics = evaluate(self.eval_runner, self.cfg.env, self.cfg.eval_episodes)
         self.reporter.on_eval(step, metrics)
         return metrics
 
