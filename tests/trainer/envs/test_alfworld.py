@@ -1,4 +1,5 @@
-"""ALFWorld: generated games on the real engine, expert, random policy, parser, splits, official data."""
+"""ALFWorld: generated games on the real engine, expert, random policy, parser, splits, official data,
+and the generated games in ALFWorld's own environment class with its own experts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from trainer.envs import make_env
 from trainer.envs.alfworld import ALFWorldEnv, gen, match_command
+from trainer.envs.alfworld.original import compare_with_ours, export_games, play_original
 from trainer.envs.alfworld.sources import OfficialGames, problem_digest
 from trainer.envs.splits import load_split, split_path
 from trainer.paths import REPO_ROOT
@@ -213,3 +215,24 @@ def test_official_data_loads_from_its_folder_layout(eval_env, tmp_path, monkeypa
     train = make_env("ALFWorld", "train")
     assert train.num_instances() == 1 and "floorlamp" in train.reset(0)[1]["goal"]
     train.close()
+
+
+# ---- ALFWorld's own environment class and experts ----------------------------------------------------
+ORIGINAL_SAMPLE = (1, 3, 5)
+"""Eval games checked in CI (look, heat, pick-two); ``python -m trainer.envs.alfworld check-original``
+checks all of them with both experts."""
+
+
+def test_eval_games_run_in_alfworlds_own_env_whose_planner_expert_solves_them(eval_env, tmp_path):
+    data = export_games(eval_env, ORIGINAL_SAMPLE, tmp_path)
+    results = play_original(data, "planner")
+    assert [r.index for r in results] == list(ORIGINAL_SAMPLE)
+    split = load_split(split_path("ALFWorld"))
+    for result in results:
+        assert result.won and result.task_type == split[result.index]["task_type"]
+        assert result.actions == split[result.index]["walkthrough"]  # the plan frozen with the split
+        # Our env shows the same text and the same commands along the same episode.
+        assert compare_with_ours(eval_env, result) is None
+    result = results[0]
+    result.observations[1] = result.observations[1].replace("you see", "you notice")
+    assert "after" in compare_with_ours(eval_env, result)

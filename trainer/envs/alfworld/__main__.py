@@ -2,6 +2,7 @@
 
 python -m trainer.envs.alfworld generate --split train --count 200   # fill the game cache
 python -m trainer.envs.alfworld bench --episodes 50                   # expert/random/costs
+python -m trainer.envs.alfworld check-original                        # ALFWorld's own env and experts
 python -m trainer.envs.alfworld freeze-eval --count 60                # rewrite the frozen split (rarely!)
 """
 
@@ -14,6 +15,7 @@ import time
 
 from trainer.envs.alfworld.engine import Engine
 from trainer.envs.alfworld.env import ALFWorldEnv
+from trainer.envs.alfworld.original import EXPERTS, check_original
 from trainer.envs.alfworld.sources import freeze_eval_split
 
 
@@ -72,6 +74,9 @@ def main() -> None:
     p.add_argument("--split", choices=("train", "eval"), default="eval")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--random-episodes", type=int, default=20)
+    p = sub.add_parser("check-original", help="the eval games in ALFWorld's own env, solved by its experts")
+    p.add_argument("--count", type=int, help="only the first COUNT eval games (default: all)")
+    p.add_argument("--expert", choices=EXPERTS, action="append", help="default: both")
     p = sub.add_parser("freeze-eval", help="regenerate and overwrite the frozen eval split")
     p.add_argument("--count", type=int, default=60)
     args = parser.parse_args()
@@ -79,6 +84,8 @@ def main() -> None:
         generate(args.split, args.count)
     elif args.command == "bench":
         bench(args.split, args.episodes, args.random_episodes)
+    elif args.command == "check-original":
+        raise SystemExit(0 if check_original(args.count, args.expert or EXPERTS) else 1)
     else:
         print(f"wrote {freeze_eval_split(args.count, Engine())}")
 
