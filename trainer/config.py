@@ -561,12 +561,13 @@ class RunConfig(_Section):
         file's other keys (nested tables for sections) override it; otherwise missing keys take defaults."""
         path = Path(path)
         suffix = path.suffix.lower()
-        if suffix == ".json":
-            data = json.loads(path.read_text())
-        elif suffix == ".toml":
-            data = tomllib.loads(path.read_text())
-        else:
+        if suffix not in (".json", ".toml"):
             raise ConfigError(f"config file {path} must end in .json or .toml")
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = json.loads(text) if suffix == ".json" else tomllib.loads(text)
+        except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON or TOML
+            raise ConfigError(f"config file {path} cannot be read: {err}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a table of keys at the top level")
         preset = data.pop("preset", None)
