@@ -2,7 +2,8 @@
 are grouped into mean ± band, and the numbers of the summary and evaluation tables. Pure functions.
 
 Metric rows hold flat ``values`` dicts with the trainer's names (trainer/loop.py, trainer/evaluate.py):
-train rows ``train/success``, ``train/guided/success``, ``train/free/reward``, ``actor/loss``,
+train rows ``train/success``, ``train/guided/success``, ``train/free/reward`` (per env of a mixture
+``train/<env>/success``, ``train/guided/<env>/success``), ``actor/loss``,
 ``actor/clip_frac``, ``extractor/...``, ``experience/retrieve_s``, ``time/rollout_s``, ...; eval rows
 ``eval/success`` (without experience), ``eval/with_exp/success`` (with it), per environment of a mixture
 ``eval/<env>/success`` and ``eval/with_exp/<env>/success``, and the same for ``actions``. Panels pick keys by
@@ -57,10 +58,10 @@ PANELS: tuple[Panel, ...] = (
         "success",
         "Success: all, with experience (guided), without (free)",
         "train",
-        r"(train/)?(\w+/)?success.*",
+        r"(train/)?(\S+/)?success.*",
     ),
     Panel("eval-success", "Eval success with / without experience", "eval", r"(eval/)?(\S+/)?success.*"),
-    Panel("reward", "Reward by subgroup", "train", r"(train/)?(\w+/)?reward.*"),
+    Panel("reward", "Reward by subgroup", "train", r"(train/)?(\S+/)?reward.*"),
     Panel("bank-size", "Bank size", "train", r"bank/size|\w+/bank_size"),
     Panel("time", "Step time", "train", r"time[/_].*"),
     # folded, by subsystem
@@ -69,7 +70,7 @@ PANELS: tuple[Panel, ...] = (
         "actions",
         "Actions, invalid actions, truncation",
         "train",
-        r"(train/)?(\w+/)?(actions|invalid|truncated|episodes).*",
+        r"(train/)?(\S+/)?(actions|invalid|truncated|episodes).*",
         ACTOR,
     ),
     Panel(

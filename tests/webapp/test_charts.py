@@ -15,6 +15,9 @@ from webapp import charts
     [
         ("train", "train/success", "success"),
         ("train", "train/guided/success", "success"),
+        ("train", "train/guided/MiniHack-Room-15x15/success", "success"),
+        ("train", "train/WebShop-synth/reward", "reward"),
+        ("train", "train/free/ALFWorld/truncated_frac", "actions"),
         ("train", "train/free/reward", "reward"),
         ("train", "train/guided/actions", "actions"),
         ("train", "train/invalid_frac", "actions"),
