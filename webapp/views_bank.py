@@ -10,7 +10,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from experience import selectors as bank_selectors
 from experience import services as bank_services
@@ -246,6 +246,7 @@ def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("bank", run_id=run.id)
 
 
+@require_GET
 def bank_import_job(request: HttpRequest, run_id: int, job_id: int) -> HttpResponse:
     """One import's progress (the bank page polls it until the import has finished)."""
     run = _editable_run(request, run_id)
