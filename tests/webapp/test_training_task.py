@@ -78,6 +78,18 @@ def _worker_process(queue: str) -> psutil.Process:
     return next(p for p in psutil.process_iter(["cmdline"]) if queue in " ".join(p.info["cmdline"] or []))
 
 
+def _settled_rss_mb(process: psutil.Process) -> float:
+    """The process tree's memory once two readings 5 s apart agree within 2%."""
+    before = tree_rss_mb(process)
+    for _ in range(60):
+        time.sleep(5)
+        now = tree_rss_mb(process)
+        if abs(now - before) < 0.02 * before:
+            return now
+        before = now
+    raise AssertionError(f"the worker's memory did not settle ({before:.0f} MB)")
+
+
 def _training_process(run: Run) -> psutil.Process | None:
     needle = f"train_claimed {run.pk}"
     found = (
@@ -90,7 +102,7 @@ def test_cancelling_a_run_mid_rollout_stops_it_within_seconds_and_gives_the_memo
     make_run, celery_worker
 ):
     worker = _worker_process(celery_worker)
-    idle_mb = tree_rss_mb(worker)
+    idle_mb = _settled_rss_mb(worker)  # after its start-up (the embedder loads in the background)
     # a long first rollout: 8 episodes of up to 100 turns of up to 48 tokens (minutes on this machine)
     run = make_run(steps=5, tasks_per_step=2, k_rollouts=4,
                    **{"rollout.turn_limit": 100, "rollout.max_new_tokens": 48})  # fmt: skip
@@ -108,7 +120,7 @@ def test_cancelling_a_run_mid_rollout_stops_it_within_seconds_and_gives_the_memo
     assert run.step == 0 and not MetricRow.objects.filter(run=run, kind="train").exists()
     assert run.peak_rss_mb and run.peak_rss_mb > 500  # the training process's peak, engines included
     wait_for(lambda: _training_process(run) is None, 30, "the training process to exit")
-    after_mb = tree_rss_mb(worker)
+    after_mb = _settled_rss_mb(worker)
     assert after_mb < 1.1 * idle_mb, f"worker at {after_mb:.0f} MB after the run, {idle_mb:.0f} MB idle"
 
 
