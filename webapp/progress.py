@@ -163,8 +163,15 @@ class Heartbeat:
                 except Exception:  # noqa: BLE001 - a missed beat is retried; the run goes on
                     log.warning("run %s: heartbeat not written", self.run_id, exc_info=True)
                     connection.close_if_unusable_or_obsolete()
+            self._record_peak()  # the run's end: its peak, however short the run was
         finally:
             connection.close()
+
+    def _record_peak(self) -> None:
+        try:
+            Run.objects.filter(pk=self.run_id).update(peak_rss_mb=round(self.peak_mb) or None)
+        except Exception:  # noqa: BLE001 - a statistic; the run's outcome does not depend on it
+            log.warning("run %s: peak memory not written", self.run_id, exc_info=True)
 
     def _watch(self, beat: bool) -> None:
         runs = Run.objects.filter(pk=self.run_id)

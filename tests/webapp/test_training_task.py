@@ -221,6 +221,7 @@ def test_a_run_beats_between_steps_and_stops_beating_when_it_ends(make_run):
     with Heartbeat(run.pk, interval=0.05):
         wait_for(lambda: Run.objects.get(pk=run.pk).heartbeat_at > old, 10, "a beat")
         assert Run.objects.get(pk=run.pk).display_status == Run.Status.RUNNING
+    assert Run.objects.get(pk=run.pk).peak_rss_mb > 50  # this process's memory, written when it ends
     Run.objects.filter(pk=run.pk).update(heartbeat_at=old)
     time.sleep(0.3)
     assert Run.objects.get(pk=run.pk).display_status == "lost"  # no beats after the end
