@@ -4,7 +4,7 @@ Every read goes through the pages' selectors (``Run.objects.visible_to``), every
 form and services, so the API can see and do exactly what its caller can on the pages."""
 
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, RawPostDataException
 from django.urls import reverse
 from ninja import NinjaAPI, Query, Status
 from ninja.errors import HttpError
@@ -58,6 +58,13 @@ api = NinjaAPI(
 @api.exception_handler(PermissionDenied)
 def _forbidden(request: HttpRequest, exc: PermissionDenied) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc) or "Forbidden"}, status=403)
+
+
+@api.exception_handler(RawPostDataException)
+def _not_json(request: HttpRequest, exc: RawPostDataException) -> HttpResponse:
+    # a form-encoded write: the CSRF check has read the body as a form, so it cannot be read as JSON
+    detail = "send the request body as JSON (Content-Type: application/json)"
+    return api.create_response(request, {"detail": detail}, status=415)
 
 
 @api.exception_handler(RunError)

@@ -40,3 +40,13 @@ def test_each_user_gets_the_configured_rate_then_429(client, settings, user, oth
     assert limited.status_code == 429 and int(limited["Retry-After"]) > 0
     assert limited.json() == {"detail": "Too many requests."}
     assert Client().get("/api/v1/runs", headers=bearer(other_user, "read")).status_code == 200
+
+
+def test_a_form_encoded_write_is_refused_with_a_clear_message_not_a_500(launcher):
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(launcher)
+    browser.get("/account/")
+    csrf = browser.cookies["csrftoken"].value
+    response = browser.post("/api/v1/runs", {"name": "x"}, headers={"X-CSRFToken": csrf})
+    assert response.status_code == 415 and "JSON" in response.json()["detail"]
+    assert not Run.objects.exists()
