@@ -117,9 +117,9 @@ class TrainingLoop:
         cfg = self.cfg
         self.reporter.on_start(cfg.steps, self.start_step)
         last: Metrics = {}
-        if self.start_step == 1:
-            last |= self.evaluate(0)
         try:
+            if self.start_step == 1:
+                last |= self.evaluate(0)
             for step in range(self.start_step, cfg.steps + 1):
                 last |= self.train_step(step)
                 self.cancel.check()

@@ -80,9 +80,13 @@ def restart(run: Run, code: int) -> bool:
     return True
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+"""Loaded here, not in the forked child: a fork while another thread holds the loader lock could hang."""
+PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def train_in_child(run_id: int) -> int:
@@ -92,5 +96,5 @@ def train_in_child(run_id: int) -> int:
         "STUDIO_EXPERIMENT_RESULTS": str(settings.EXPERIMENT_RESULTS_DIR),
     }
     command = [sys.executable, str(settings.BASE_DIR / "manage.py"), "train_claimed", str(run_id)]
-    preexec = _die_with_parent if sys.platform == "linux" else None
+    preexec = _die_with_parent if _LIBC is not None else None
     return subprocess.run(command, cwd=settings.BASE_DIR, env=env, preexec_fn=preexec).returncode  # noqa: PLW1509
