@@ -28,12 +28,12 @@ from webapp.training import run_dir
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+TINY = {"method": "grpo", "tasks_per_step": 1, "k_rollouts": 2, "eval_every": 0, "checkpoint_every": 1,
+        "rollout.turn_limit": 2, "rollout.max_new_tokens": 12, "rollout.kv_cache_gib": 0.25}  # fmt: skip
+
+
 def _tiny(**overrides) -> dict:
-    cfg = get_preset("cpu").with_overrides(
-        method="grpo", tasks_per_step=1, k_rollouts=2, eval_every=0, checkpoint_every=1,
-        **{"rollout.turn_limit": 2, "rollout.max_new_tokens": 12, "rollout.kv_cache_gib": 0.25}, **overrides,
-    )  # fmt: skip
-    return cfg.to_dict()
+    return get_preset("cpu").with_overrides(**(TINY | overrides)).to_dict()
 
 
 @pytest.fixture
@@ -103,13 +103,13 @@ def test_cancelling_a_run_mid_rollout_stops_it_within_seconds_and_gives_the_memo
 ):
     worker = _worker_process(celery_worker)
     idle_mb = _settled_rss_mb(worker)  # after its start-up (the embedder loads in the background)
-    # a long first rollout: 8 episodes of up to 100 turns of up to 48 tokens (minutes on this machine)
-    run = make_run(steps=5, tasks_per_step=2, k_rollouts=4,
-                   **{"rollout.turn_limit": 100, "rollout.max_new_tokens": 48})  # fmt: skip
+    # a long rollout (evaluation first, then training): up to 100 turns an episode, each turn one short engine
+    # call (2 episodes, 8 tokens), so a cancel waits for at most one such call
+    run = make_run(steps=5, eval_episodes=2, **{"rollout.turn_limit": 100, "rollout.max_new_tokens": 8})
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
     log = run_dir(run) / "log.txt"
     wait_for(lambda: log.exists() and "training: starting" in log.read_text(), 600, "the first rollout")
-    time.sleep(5)  # well inside step 1's rollout
+    time.sleep(15)  # well inside the step-0 evaluation's rollout, past the engine's first (slower) calls
     assert not MetricRow.objects.filter(run=run, kind="train").exists()
     asked = time.monotonic()
     run_cancel(Run.objects.get(pk=run.pk))
