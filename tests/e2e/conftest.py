@@ -1,11 +1,11 @@
-"""A real server (daphne, HTTP and WebSockets) on the test database, and a real headless Chromium."""
+"""A real server (the product's ASGI server, HTTP and WebSockets) on the test database, and a real headless
+Chromium."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+
+from webapp import webserver
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -43,7 +45,7 @@ def training_queue():
 
 @pytest.fixture
 def server(transactional_db, training_queue):
-    """daphne serving the project against the test database; yields its base URL."""
+    """The product's ASGI server serving the project against the test database; yields its base URL."""
     port = _free_port()
     env = os.environ | {
         "E2E_TRAINING_QUEUE": training_queue,
@@ -52,11 +54,10 @@ def server(transactional_db, training_queue):
         "PYTHONUNBUFFERED": "1",
     }
     ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / "daphne.log", "w")  # noqa: SIM115 - closed below
+    log = open(ARTIFACTS / "webserver.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        webserver.command("127.0.0.1", port), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -66,7 +67,7 @@ def server(transactional_db, training_queue):
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError((ARTIFACTS / "daphne.log").read_text()) from None
+                raise RuntimeError((ARTIFACTS / "webserver.log").read_text()) from None
             time.sleep(0.3)
     yield base
     proc.terminate()

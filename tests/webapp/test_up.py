@@ -83,7 +83,7 @@ def test_sigterm_stops_the_web_server_the_worker_and_the_services_it_started(fre
         wait_for(lambda: "pong" in _celery_ping(env), 120, "the Celery worker", interval=1)
         processes = psutil.Process(up.pid).children(recursive=True) + _service_processes(env)
         names = " ".join(" ".join(p.cmdline()) for p in processes)
-        assert "daphne" in names and "celery" in names and "redis-server" in names and "postgres" in names
+        assert "uvicorn" in names and "celery" in names and "redis-server" in names and "postgres" in names
     except BaseException:
         up.kill()
         raise

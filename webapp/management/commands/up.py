@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from webapp import embedded
+from webapp import embedded, webserver
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Ctrl-C, a service manager or `docker stop`, a closed terminal: each stops all this command started."""
@@ -26,7 +26,7 @@ class StopRequested(KeyboardInterrupt):
 class Command(BaseCommand):
     help = (
         "Start the whole product: embedded services, migrations, the admin account, a Celery worker "
-        "and the ASGI server (daphne). Ctrl-C, SIGTERM or SIGHUP stops everything this command started; "
+        "and the ASGI server (uvicorn). Ctrl-C, SIGTERM or SIGHUP stops everything this command started; "
         "a second one kills what is still stopping."
     )
 
@@ -90,7 +90,7 @@ class Command(BaseCommand):
 
     def _start_children(self, host: str, port: int, no_worker: bool) -> None:
         python = sys.executable
-        web = [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
+        web = webserver.command(host, port, python=python)
         slots = os.environ.get("STUDIO_WORKER_CONCURRENCY", "2")
         worker = [python, "-m", "celery", "-A", "webapp", "worker", "-Q", "training,default",
                   "--concurrency", slots, "--loglevel", "INFO"]  # fmt: skip

@@ -1,0 +1,15 @@
+"""The ASGI server the product runs (HTTP and WebSockets): uvicorn.
+
+Not daphne: daphne reads a whole request body into memory before Django sees it, so a 50 MB bank import grew
+the web server by 425-466 MiB, where uvicorn grew by 10 MiB (``benchmarks/bench_import_memory.py --server``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def command(host: str, port: int, *, python: str = sys.executable) -> list[str]:
+    """The command line that serves ``webapp.asgi`` on ``host:port`` (Django's ASGI app has no lifespan)."""
+    return [python, "-m", "uvicorn", "webapp.asgi:application", "--host", host, "--port", str(port),
+            "--lifespan", "off"]  # fmt: skip
