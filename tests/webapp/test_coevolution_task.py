@@ -1,10 +1,11 @@
-"""A complementary run end to end, launched as the Celery task on a real worker: real SmolLM2 actor and
+"""A complementary run end to end, trained as a worker's training process trains it (``train_claimed``: the
+database reporter, the run monitor that relays a cancel, the experience store): real SmolLM2 actor and
 extractor on two in-process vLLM engines, MiniHack-Room-5x5, the real experience bank (PostgreSQL +
 pgvector through ExperienceManager), a tiny config (warm-up 1, merge every step, a buffer of 2) so that
 every part of the dual loop happens within a few steps; then cancelled from the outside.
 
-The worker is Celery's own embedded worker (``celery.contrib.testing.worker``): a real WorkController
-consuming the real Redis queue, in a thread of this process, so that the test can steer the actor. An
+It trains in a thread of this process (a worker would start a child process for it, see
+tests/webapp/test_training_task.py), so that the test can steer the actor. An
 untrained 135M actor neither discovers the Search-and-Ask tool nor solves the room within a few steps, so
 ``Steered`` makes the first guided episode of each batch ask the bank and then walk to the stairs. Those
 tokens are scored by the real engine (their log-probs are the model's own). Everything else (the runner
@@ -15,11 +16,11 @@ cancellation) is the code under test.
 from __future__ import annotations
 
 import shutil
-import uuid
+import threading
 
 import pytest
 import torch
-from celery.contrib.testing.worker import start_worker
+from django.db import connection
 
 from experience.models import Experience, Merge, SearchAsk
 from tests.conftest import wait_for
@@ -29,11 +30,9 @@ from trainer.coevolution import STATE_FILE
 from trainer.config import get_preset
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.rollout.base import Generation
-from webapp.celery import app
 from webapp.models import MetricRow, Run
 from webapp.services import run_cancel
-from webapp.tasks import train_run
-from webapp.training import run_dir
+from webapp.training import run_dir, train_claimed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,6 +101,13 @@ def _config(path) -> dict:
     )
 
 
+def _train_claimed(run_id: int) -> str:
+    try:
+        return train_claimed(Run.objects.get(pk=run_id))
+    finally:
+        connection.close()
+
+
 def _latest(run: Run, key: str) -> float:
     row = MetricRow.objects.filter(run=run, kind="train").order_by("-step").first()
     return row.values.get(key, 0.0) if row else 0.0
@@ -127,15 +133,16 @@ def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_
     path = prepare_default_models(default_model_path())
     cfg = _config(path)
     run = Run.objects.create(name="coevolution", owner=user, method=cfg["method"], env=cfg["env"], config=cfg)
-    queue = f"test-{uuid.uuid4().hex[:8]}"
+    assert run.claim("test")
+    outcome: list[str] = []
+    training = threading.Thread(target=lambda: outcome.append(_train_claimed(run.pk)), daemon=True)
     try:
-        with start_worker(app, queues=[queue], perform_ping_check=False, shutdown_timeout=120):
-            train_run.apply_async(args=[run.id], queue=queue)
-            wait_for(lambda: _latest(run, "extractor/updates_with_signal") >= 1, 1000, "a CISPO step")
-            run_cancel(Run.objects.get(pk=run.pk))
-            run = wait_for(
-                lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 300, "cancel"
-            )
+        training.start()
+        wait_for(lambda: _latest(run, "extractor/updates_with_signal") >= 1 or outcome, 1000, "a CISPO step")
+        run_cancel(Run.objects.get(pk=run.pk))
+        training.join(300)
+        assert outcome == [Run.Status.CANCELLED], Run.objects.get(pk=run.pk).error
+        run.refresh_from_db()
         rows = {r.step: r.values for r in MetricRow.objects.filter(run=run, kind="train")}
         print(
             {k: v for k, v in rows[max(rows)].items() if k.startswith(("extractor/", "experience/", "adv/"))}
