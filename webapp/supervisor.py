@@ -52,7 +52,10 @@ def claim_and_train(run: Run, *, worker: str) -> str:
 def exit_reason(code: int) -> str:
     if code >= 0:
         return f"with exit code {code}"
-    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = str(-code)
     hint = " (out of memory, or stopped by hand)" if -code == signal.SIGKILL else ""
     return f"killed by {name}{hint}"
 

@@ -13,13 +13,13 @@ import pytest
 
 from experience.manager import ExperienceManager
 from experience.models import Experience
+from tests.trainer.recording import Recorder
 from trainer.assemble import build_engine, build_extractor_engine, file_reporters, train
 from trainer.config import RunConfig, get_preset
 from trainer.envs import make_mixture
 from trainer.experiments.report import load_results, table1_section
 from trainer.loop import sample_tasks
 from trainer.models import default_model_path, prepare_default_models
-from trainer.report import BaseReporter
 from trainer.store import Add
 from webapp.models import Run
 
@@ -51,22 +51,6 @@ def mixture_config(mixture: str) -> RunConfig:
         if {s.env_name for s in sample_tasks(cfg.with_overrides(seed=seed), 1)} == names:
             return cfg.with_overrides(seed=seed)
     raise AssertionError(f"no seed below 10,000 samples every env of {mixture} at step 1")
-
-
-class Recorder(BaseReporter):
-    def __init__(self) -> None:
-        self.steps: dict[int, dict[str, float]] = {}
-        self.evals: dict[int, dict[str, float]] = {}
-        self.batches: dict[int, list] = {}
-
-    def on_step(self, step, metrics):
-        self.steps[step] = dict(metrics)
-
-    def on_eval(self, step, metrics):
-        self.evals[step] = dict(metrics)
-
-    def on_episode_batch(self, step, episodes):
-        self.batches[step] = list(episodes)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,13 @@ import io
 import pytest
 import torch
 
+from tests.trainer.recording import Recorder
 from trainer.assemble import build_engine
 from trainer.checkpoint import read_checkpoint
 from trainer.config import ConfigError, get_preset
 from trainer.evaluate import evaluate_checkpoint
 from trainer.models import default_model_path, load_causal_lm, prepare_default_models
-from trainer.report import BaseReporter, ConsoleReporter, Reporters
+from trainer.report import ConsoleReporter, Reporters
 from trainer.rollout.base import sequence_logprobs
 from trainer.train import config_from_args, main, train
 
@@ -43,26 +44,6 @@ CFG = get_preset("cpu").with_overrides(
         "rollout.context_tokens": 1024,
     }
 )
-
-
-class Recorder(BaseReporter):
-    def __init__(self, stop_after: int | None = None) -> None:
-        self.steps: dict[int, dict[str, float]] = {}
-        self.evals: dict[int, dict[str, float]] = {}
-        self.batches: dict[int, list] = {}
-        self.stop_after = stop_after
-
-    def on_step(self, step, metrics):
-        self.steps[step] = dict(metrics)
-
-    def on_eval(self, step, metrics):
-        self.evals[step] = dict(metrics)
-
-    def on_episode_batch(self, step, episodes):
-        self.batches[step] = list(episodes)
-
-    def should_stop(self):
-        return self.stop_after is not None and max(self.steps, default=0) >= self.stop_after
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,25 @@
+"""A reporter that keeps what a training loop reports, for tests that train for real."""
+
+from __future__ import annotations
+
+from trainer.report import BaseReporter
+
+
+class Recorder(BaseReporter):
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.steps: dict[int, dict[str, float]] = {}
+        self.evals: dict[int, dict[str, float]] = {}
+        self.batches: dict[int, list] = {}
+        self.stop_after = stop_after
+
+    def on_step(self, step, metrics):
+        self.steps[step] = dict(metrics)
+
+    def on_eval(self, step, metrics):
+        self.evals[step] = dict(metrics)
+
+    def on_episode_batch(self, step, episodes):
+        self.batches[step] = list(episodes)
+
+    def should_stop(self):
+        return self.stop_after is not None and max(self.steps, default=0) >= self.stop_after
