@@ -3,7 +3,8 @@ bank import runs. Prints disconnects, event latency (publish to arrival), and th
 
     .venv/bin/python benchmarks/bench_live_page.py [--viewers 50] [--import-mb 50] [--rate 2]
 
-It runs a real daphne (``webapp.asgi``) and a real Celery worker (``default`` queue, as ``manage.py up``
+It runs the product's web server (uvicorn, ``webapp.webserver``; ``--server daphne`` for the old one) on
+``webapp.asgi`` and a real Celery worker (``default`` queue, as ``manage.py up``
 starts it) on a database of its own (``bench_live``, dropped at the end) and a Redis database of its own,
 so nothing else running on the machine sees its runs, events or tasks. Events go through the product's own
 path (``webapp.progress.RunReporter``: a metric row then a broadcast, and trace events), ``--rate`` per
@@ -30,8 +31,16 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from webapp import webserver  # noqa: E402  (the repository on the path first)
+
 DB_NAME = "bench_live"
 REDIS_DB = 9
+SERVERS = {
+    "uvicorn": lambda host, port: webserver.command(host, port),
+    "daphne": lambda host, port: [sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
+                                  "webapp.asgi:application"],
+}  # fmt: skip
 
 
 def _env(redis_port: int) -> dict[str, str]:
@@ -307,6 +316,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="events per second the run publishes")
     parser.add_argument("--timeout", type=float, default=1200, help="most seconds to wait for the import")
     parser.add_argument("--keep", action="store_true", help="keep the bench database and logs")
+    parser.add_argument("--server", choices=sorted(SERVERS), default="uvicorn", help="the ASGI server")
     args = parser.parse_args()
 
     from webapp import embedded
@@ -339,8 +349,8 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="bench-live-"))
     python = sys.executable
     web = subprocess.Popen(
-        [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
-        cwd=REPO, env=child_env, stdout=(logs / "daphne.log").open("w"), stderr=subprocess.STDOUT,
+        SERVERS[args.server]("127.0.0.1", port),
+        cwd=REPO, env=child_env, stdout=(logs / "server.log").open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     worker = subprocess.Popen(
         [python, "-m", "celery", "-A", "webapp", "worker", "-Q", "default", "--concurrency", "1",
@@ -359,7 +369,7 @@ def main() -> None:
             _measure(args, base, run.id, cookies, export, env)
         )
         rss.stop.set()
-        tracebacks = (logs / "daphne.log").read_text().count("Traceback")
+        tracebacks = (logs / "server.log").read_text().count("Traceback")
     finally:
         for proc in (web, worker):
             proc.terminate()
@@ -375,7 +385,8 @@ def main() -> None:
 
     lat = np.array(viewers.latencies)
     missing = sum(sent - len(r) for r in viewers.received)
-    print(f"viewers {args.viewers}, run publishing {args.rate:g} events/s (half metric rows, half traces)")
+    print(f"server {args.server}; viewers {args.viewers}, "
+          f"run publishing {args.rate:g} events/s (half metric rows, half traces)")  # fmt: skip
     print(f"web server answered {up_s:.1f} s after start; first search by meaning {search_s:.2f} s: {cutoff}")
     print(f"model loaded (search by meaning served) {warm_s:.0f} s after start; viewers connected after that")
     print(f"import: {size_mb:.0f} MB, {lines} lines, "

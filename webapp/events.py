@@ -17,6 +17,16 @@ def session_group(session_key: str | None) -> str:
     return f"session-{session_key or 'none'}"
 
 
+def user_group(user_id: int) -> str:
+    """The sockets opened by one user: a change to the user's rights makes them check access again."""
+    return f"user-{user_id}"
+
+
+def access_changed(group: str) -> None:
+    """Make every socket in ``group`` check its access now, not at its next periodic check."""
+    async_to_sync(get_channel_layer().group_send)(group, {"type": "access.changed"})
+
+
 def close_session_sockets(session_key: str | None) -> None:
     async_to_sync(get_channel_layer().group_send)(session_group(session_key), {"type": "session.ended"})
 

@@ -137,6 +137,12 @@ CHANNEL_LAYERS = {
     }
 }
 
+SOCKET_ACCESS_RECHECK_S = float(os.environ.get("STUDIO_SOCKET_ACCESS_RECHECK_S", "5"))
+"""A live socket checks its viewer's access (still logged in, run still visible) at least this often, and at
+once when a run's sharing or a user's rights change through the product or a logout ends its session
+(``webapp.apps``). Checking before every event cost two database reads per viewer per event: with 50
+viewers the web server spent its time on them (``benchmarks/bench_live_page.py``)."""
+
 # The default cache stays per process; the API's rate limit counts in Redis, shared by every web process.
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

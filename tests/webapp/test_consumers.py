@@ -102,8 +102,37 @@ async def test_a_run_made_private_stops_streaming_to_a_subscriber_who_may_no_lon
     assert connected
     await sync_to_async(broadcast_run_event)(run.id, {"kind": "status", "status": "running"})
     assert (await communicator.receive_json_from(timeout=5))["status"] == "running"
-    await Run.objects.filter(pk=run.pk).aupdate(shared=False)
+    run.shared = False
+    await run.asave(update_fields=["shared"])  # as the admin does: the socket checks at once
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
     await sync_to_async(broadcast_run_event)(run.id, {"kind": "metrics", "step": 9, "values": {"secret": 1}})
+    assert await _no_data(communicator)
+
+
+async def test_a_change_behind_the_orms_back_stops_the_stream_at_the_next_periodic_check(
+    async_client, user, other_user, settings
+):
+    settings.SOCKET_ACCESS_RECHECK_S = 1.0
+    run = await Run.objects.acreate(name="s", owner=other_user, shared=True)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected
+    await Run.objects.filter(pk=run.pk).aupdate(shared=False)  # no signal: nothing tells the socket
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "metrics", "step": 1, "values": {"x": 1}})
+    assert (await communicator.receive_json_from(timeout=5))["step"] == 1  # within the period: not checked
+    await communicator.receive_nothing(timeout=1.1)
+    await sync_to_async(broadcast_run_event)(run.id, {"kind": "metrics", "step": 2, "values": {"secret": 1}})
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+
+
+async def test_a_user_who_loses_their_rights_is_cut_off_at_once(async_client, user, other_user):
+    run = await Run.objects.acreate(name="s", owner=other_user, shared=True)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected
+    user.last_login = None
+    await user.asave(update_fields=["last_login"])  # not about access: the socket stays
+    assert await communicator.receive_nothing(timeout=1)
+    user.is_active = False
+    await user.asave()
     assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
 
 
@@ -128,7 +157,8 @@ async def _no_data(communicator: WebsocketCommunicator) -> bool:
         return True
 
 
-async def test_an_ended_session_gets_no_event_even_without_the_logout_signal(async_client, user):
+async def test_an_ended_session_gets_no_event_even_without_the_logout_signal(async_client, user, settings):
+    settings.SOCKET_ACCESS_RECHECK_S = 0.0  # checked before every event
     run = await Run.objects.acreate(name="r", owner=user)
     cookie = await _login(async_client, user)
     communicator, connected = await _connect(f"/ws/runs/{run.id}/", cookie)
