@@ -7,7 +7,8 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
-from django.contrib.auth import SESSION_KEY, get_user_model
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.utils.crypto import constant_time_compare
 from django.utils.module_loading import import_string
 
 from webapp.events import run_group, session_group, user_group
@@ -95,7 +96,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if str(session.get(SESSION_KEY, "")) != str(self.scope["user"].pk):
             return False
         user = get_user_model().objects.filter(pk=self.scope["user"].pk, is_active=True).first()
-        return user is not None and run_visible(user, self.run_id)
+        if user is None or not constant_time_compare(
+            session.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash()
+        ):
+            return False  # as Django's own login check: a password change ends the user's other sessions
+        return run_visible(user, self.run_id)
 
 
 class UnknownSocket(AsyncWebsocketConsumer):

@@ -134,6 +134,15 @@ async def test_a_user_who_loses_their_rights_is_cut_off_at_once(async_client, us
     assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
 
 
+async def test_a_password_change_ends_the_streams_of_the_users_other_sessions(async_client, user):
+    run = await Run.objects.acreate(name="r", owner=user)
+    communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
+    assert connected
+    user.set_password("a new and different password")
+    await user.asave()  # as the password change form or the admin: that session is no longer logged in
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+
+
 async def test_logging_out_closes_the_sockets_of_that_session(async_client, user):
     run = await Run.objects.acreate(name="r", owner=user)
     communicator, connected = await _connect(f"/ws/runs/{run.id}/", await _login(async_client, user))
