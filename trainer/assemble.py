@@ -30,6 +30,7 @@ from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint
 from trainer.coevolution import STATE_FILE, CoevolutionLoop
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
+from trainer.experiments.files import FAILURES_FILE
 from trainer.extractor.model import Extractor
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
@@ -98,9 +99,10 @@ def sync_if_stale(actor: ActorUpdate, engine: Engine, state: CheckpointState | N
 
 
 def build_extractor(
-    cfg: RunConfig, engine: Engine, state: CheckpointState | None
+    cfg: RunConfig, engine: Engine, state: CheckpointState | None, out_dir: Path | None = None
 ) -> tuple[Extractor, ExtractorUpdate | None]:
-    """πϕ at inference over ``engine``, and its update when the method trains it (resumed with the run)."""
+    """πϕ at inference over ``engine``, and its update when the method trains it (resumed with the run).
+    Its unparseable answers go to ``out_dir/extractor_failures.jsonl``."""
     x = cfg.extractor
     update = None
     if cfg.extractor_trains:
@@ -115,6 +117,7 @@ def build_extractor(
         top_p=cfg.rollout.top_p,
         max_ops=x.max_ops,
         trajectory_chars=x.trajectory_chars,
+        failure_log=Path(out_dir) / FAILURES_FILE if out_dir is not None else None,
     )
     if update is not None and (engine.weight_version != 0 or state is not None):
         update.sync(extractor)
@@ -175,7 +178,7 @@ def train(
         if extractor_engine is None:
             extractor_engine = build_extractor_engine(cfg)
             owned.callback(extractor_engine.close)
-        extractor, x_update = build_extractor(cfg, extractor_engine, state)
+        extractor, x_update = build_extractor(cfg, extractor_engine, state, out_dir)
         loop = CoevolutionLoop(cfg, store=store, extractor=extractor, extractor_update=x_update, **common)
         if state is not None and (state.path / "extractor" / STATE_FILE).exists():
             loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))

@@ -23,7 +23,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from trainer.experiments.files import last_attempt, read_lines, write_lines
+from trainer.experiments.files import FAILURES_FILE, last_attempt, read_lines, write_lines
 from trainer.experiments.spec import Cell, ExperimentSpec
 from trainer.paths import var_dir
 from webapp.models import Experiment, Run
@@ -213,6 +213,8 @@ def export_results(run: Run) -> Path | None:
     for name in ("metrics.jsonl", "episodes.jsonl"):
         if (src / name).exists():
             write_lines(dest / name, last_attempt(read_lines(src / name)))
+    if (src / FAILURES_FILE).exists():  # every attempt's: what the extractor wrote that could not be used
+        shutil.copyfile(src / FAILURES_FILE, dest / FAILURES_FILE)
     write_lines(dest / "changes.jsonl", bank_changes(run))
     write_lines(dest / "merges.jsonl", bank_merges(run))
     (dest / "cell.json").write_text(json.dumps(cell_record(run), indent=1))

@@ -168,5 +168,7 @@ def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_
         # πϕ's optimiser and credit buffer are checkpointed beside its weights, for a resume
         saved = torch.load(state.path / "extractor" / STATE_FILE, weights_only=False)
         assert saved["optimizer"]["state"] and saved["buffer"]["steps_taken"] >= 1
+        # ... and the cumulative counters, so that a resumed run's figures go on from there
+        assert saved["counts"]["distilled"] >= 1 and saved["extractor_stats"]["calls"]["distil"] >= 1
     finally:
         shutil.rmtree(run_dir(run), ignore_errors=True)

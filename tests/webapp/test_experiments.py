@@ -13,6 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
+from trainer.experiments.files import FAILURES_FILE, read_lines
 from trainer.experiments.spec import ExperimentSpec
 from trainer.paths import var_dir
 from webapp.experiments import cell_dir, experiment_run, results_dir
@@ -83,6 +84,14 @@ def test_a_tiny_grid_trains_end_to_end_is_skipped_when_done_and_reports_every_se
         assert len(list(Path(run.checkpoint_dir).glob("checkpoints/step-*"))) == 1  # checkpoint_keep = 1
     last = MetricRow.objects.filter(run=runs["complementary/s0"], kind="train").get().values
     assert last["extractor/distil_calls"] >= 1 and "extractor/buffer" in last  # the extractor's track ran
+    for cell in ("complementary/s0", "complementary/s1"):  # every unparseable answer kept whole, with why
+        values = MetricRow.objects.filter(run=runs[cell], kind="train").get().values
+        failures = read_lines(Path(runs[cell].checkpoint_dir) / FAILURES_FILE)
+        assert len(failures) == values["extractor/parse_failures"]
+        assert all(f["errors"] and f["job"] in ("distil", "merge", "refine") for f in failures)
+        if failures:
+            copied = results_dir(spec.name) / "runs" / cell.replace("/", "-") / FAILURES_FILE
+            assert read_lines(copied) == failures
 
     again = io.StringIO()
     call_command("experiment", "run", str(experiment_file), "--here", "--owner", user.username, stdout=again)

@@ -7,6 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+FAILURES_FILE = "extractor_failures.jsonl"
+"""A run's file of the extractor's unparseable answers (``ExtractorStats.failure_log``)."""
+
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
     """Every JSON line of ``path`` (none if it does not exist); a line cut short by a crash is skipped."""

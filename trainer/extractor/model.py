@@ -13,11 +13,13 @@ for a queue of work.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from trainer.extractor import parsing
 from trainer.extractor import prompts as xp
@@ -67,6 +69,18 @@ class ExtractorStats:
     """Generated tokens by job: the extractor's inference compute."""
     failures: list[str] = field(default_factory=list)
     """The last few unparseable answers (job: text), for people to read."""
+    failure_log: Path | None = None
+    """A JSONL file that gets every unparseable answer whole, with why (a run's ``FAILURES_FILE``)."""
+
+    COUNTERS: ClassVar[tuple[str, ...]] = (
+        "calls",
+        "unparseable",
+        "dropped_items",
+        "repaired",
+        "ops",
+        "tokens",
+    )
+    """The fields a checkpoint keeps (a resumed run counts on from them)."""
 
     def record(self, job: str, parsed: parsing.Parsed, raw: str, tokens: int = 0) -> None:
         self.calls[job] += 1
@@ -76,6 +90,24 @@ class ExtractorStats:
         if not parsed.ok:
             self.unparseable[job] += 1
             self.failures = [*self.failures[-9:], f"{job}: {raw[:300]}"]
+            self._log_failure(job, parsed, raw, tokens)
+
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        """The counters, for a checkpoint."""
+        return {name: dict(getattr(self, name)) for name in self.COUNTERS}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, int]]) -> None:
+        """Counters from a checkpoint (missing ones start at zero)."""
+        for name in self.COUNTERS:
+            setattr(self, name, Counter(state.get(name, {})))
+
+    def _log_failure(self, job: str, parsed: parsing.Parsed, raw: str, tokens: int) -> None:
+        if self.failure_log is None:
+            return
+        line = {"job": job, "errors": parsed.errors, "repaired": parsed.repaired, "tokens": tokens}
+        line["answer"] = raw
+        with self.failure_log.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     def as_metrics(self, prefix: str = "extractor/") -> dict[str, float]:
         out: dict[str, float] = {}
@@ -103,7 +135,9 @@ class Extractor:
         max_ops: int = 3,
         trajectory_chars: int = 2400,
         structured: bool | None = None,
+        failure_log: Path | None = None,
     ) -> None:
+        """``failure_log``: append every unparseable answer there (``ExtractorStats.failure_log``)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -114,7 +148,7 @@ class Extractor:
         self.structured = engine.name == "vllm" if structured is None else structured
         self.expected_version = engine.weight_version
         """The version the trainer last synced; a generation stamped otherwise is stale."""
-        self.stats = ExtractorStats()
+        self.stats = ExtractorStats(failure_log=failure_log)
         self._stats_lock = threading.Lock()
 
     # ---- engine calls ------------------------------------------------------------------------
@@ -190,6 +224,14 @@ class Extractor:
     def snapshot_stats(self) -> dict[str, float]:
         with self._stats_lock:
             return self.stats.as_metrics()
+
+    def stats_state(self) -> dict[str, dict[str, int]]:
+        with self._stats_lock:
+            return self.stats.state_dict()
+
+    def load_stats_state(self, state: Mapping[str, Mapping[str, int]]) -> None:
+        with self._stats_lock:
+            self.stats.load_state_dict(state)
 
     # ---- the three jobs ----------------------------------------------------------------------
 

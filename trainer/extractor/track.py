@@ -151,18 +151,27 @@ class ExtractorTrack:
 
     def state_dict(self) -> dict:
         """πϕ's optimiser and credit state for a checkpoint; the caller holds ``update_lock``."""
+        with self._lock:
+            counts = dict(self.counts)
         return {
             "optimizer": self.update.optimizer.state_dict() if self.update else None,
             "buffer": self.buffer.state_dict(),
             "merge_keys": sorted(self._merge_keys),
+            "counts": counts,
+            "extractor_stats": self.extractor.stats_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Also the counters, so that a resumed run's cumulative figures go on from the checkpoint's (a
+        checkpoint written before they were saved starts them at zero)."""
         with self.update_lock:
             if self.update is not None and state["optimizer"] is not None:
                 self.update.optimizer.load_state_dict(state["optimizer"])
             self.buffer.load_state_dict(state["buffer"])
             self._merge_keys = set(state["merge_keys"])
+        with self._lock:
+            self.counts = Counter(state.get("counts", {}))
+        self.extractor.load_stats_state(state.get("extractor_stats", {}))
 
     # ---- the background thread -----------------------------------------------------------------------
 
