@@ -33,6 +33,8 @@ import requests
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from webapp import webserver  # noqa: E402  (the repository on the path first)
+
 DB = "bench_import"
 PASSWORD = "bench import password"
 
@@ -40,10 +42,9 @@ PASSWORD = "bench import password"
 SERVERS = {
     "daphne": lambda port: [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                             "webapp.asgi:application"],
-    "uvicorn": lambda port: [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port),
-                             "--lifespan", "off", "webapp.asgi:application"],
+    "uvicorn": lambda port: webserver.command("127.0.0.1", port),
 }  # fmt: skip
-"""The ASGI servers compared: daphne (what ``manage.py up`` and the Docker image run) and uvicorn."""
+"""The ASGI servers compared: daphne, and uvicorn (what ``manage.py up`` and the Docker image run)."""
 
 
 def free_port() -> int:

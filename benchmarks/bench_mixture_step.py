@@ -30,6 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
+from throwaway_db import throwaway_database  # noqa: E402  (beside this script)
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -84,23 +86,8 @@ class StepProbe:
 
 
 def run_mixture(args: argparse.Namespace, mixture: str) -> None:
-    import django
-    from django.conf import settings
-
-    from webapp import embedded
-
-    embedded.start_all()
-    settings.DATABASES["default"]["TEST"] = {"NAME": "bench_studio_mixture"}
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database("bench_studio_mixture"):
         train_and_report(args, mixture)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
 def train_and_report(args: argparse.Namespace, mixture: str) -> None:

@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
+from throwaway_db import throwaway_database  # noqa: E402  (beside this script)
+
 ENV = "MiniHack-Room-5x5"
 LESSONS = [
     ("Walk to the stairs", "Find the > sign on the map and move towards it, one step per turn."),
@@ -69,23 +71,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=200, help="entries in the bank")
     args = parser.parse_args()
 
-    import django
-    from django.conf import settings
-
-    from webapp import embedded
-
-    embedded.start_all()
-    settings.DATABASES["default"]["TEST"] = {"NAME": "bench_studio_overhead"}
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database("bench_studio_overhead"):
         run_benchmark(args)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
 def run_benchmark(args: argparse.Namespace) -> None:

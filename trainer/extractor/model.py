@@ -67,8 +67,6 @@ class ExtractorStats:
     ops: Counter = field(default_factory=Counter)
     tokens: Counter = field(default_factory=Counter)
     """Generated tokens by job: the extractor's inference compute."""
-    failures: list[str] = field(default_factory=list)
-    """The last few unparseable answers (job: text), for people to read."""
     failure_log: Path | None = None
     """A JSONL file that gets every unparseable answer whole, with why (a run's ``FAILURES_FILE``)."""
 
@@ -89,7 +87,6 @@ class ExtractorStats:
         self.repaired[job] += parsed.repaired
         if not parsed.ok:
             self.unparseable[job] += 1
-            self.failures = [*self.failures[-9:], f"{job}: {raw[:300]}"]
             self._log_failure(job, parsed, raw, tokens)
 
     def state_dict(self) -> dict[str, dict[str, int]]:
