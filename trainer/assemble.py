@@ -15,6 +15,7 @@ Modules import downward: ``trainer.train`` (the CLI) → this module → ``train
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from contextlib import ExitStack
@@ -48,8 +49,12 @@ def build_engine(cfg: RunConfig) -> Engine:
 
 
 def build_extractor_engine(cfg: RunConfig) -> Engine:
-    """πϕ's inference engine, configured like the actor's (``cfg.rollout``) but for the extractor model."""
-    return engine_from_config(cfg.extractor.model_path, cfg.rollout, seed=cfg.seed + 1)
+    """πϕ's inference engine, configured like the actor's (``cfg.rollout``) but for the extractor model and
+    with its own KV cache size when ``extractor.kv_cache_gib`` is set."""
+    rollout = cfg.rollout
+    if cfg.extractor.kv_cache_gib is not None:
+        rollout = dataclasses.replace(rollout, kv_cache_gib=cfg.extractor.kv_cache_gib)
+    return engine_from_config(cfg.extractor.model_path, rollout, seed=cfg.seed + 1)
 
 
 def file_reporters(out_dir: Path, *more: Reporter) -> Reporters:
@@ -113,8 +118,9 @@ def build_extractor(
         engine,
         load_tokenizer(x.model_path),
         max_new_tokens=x.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
+        temperature=x.temperature,
+        top_p=x.top_p,
+        repetition_penalty=x.repetition_penalty,
         max_ops=x.max_ops,
         trajectory_chars=x.trajectory_chars,
         failure_log=Path(out_dir) / FAILURES_FILE if out_dir is not None else None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,14 +131,26 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+UNSET = "(not a setting then)"
+"""How ``config_changes`` shows a key the older config lacks (saved before the setting existed)."""
+
+
+def config_changes(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Every setting (dotted key) whose value differs between two configs' dicts, ``steps`` aside, as
+    (key, saved value, wanted value); a key missing from one side shows as ``UNSET``."""
+    a, b = _flat(dict(saved)), _flat(dict(wanted))
+    return [
+        (k, a.get(k, UNSET), b.get(k, UNSET))
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, UNSET) != b.get(k, UNSET) and k not in RESUMABLE_DIFFERENCES
+    ]
+
+
 def check_resumable(saved: RunConfig, wanted: RunConfig) -> None:
     """Refuse to resume a checkpoint under a different config (``steps`` aside), naming every change."""
-    a, b = _flat(saved.to_dict()), _flat(wanted.to_dict())
-    changed = [
-        k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and k not in RESUMABLE_DIFFERENCES
-    ]
+    changed = config_changes(saved.to_dict(), wanted.to_dict())
     if changed:
-        diffs = "; ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in changed)
+        diffs = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, a, b in changed)
         raise ConfigError(
             f"cannot resume: the config differs from the checkpoint's ({diffs}). Resume with the same "
             "config (only 'steps' may change), or start a new run."

@@ -246,6 +246,15 @@ class ExtractorConfig(_Section):
     """Most operations (Add / Update / Return) one distillation may emit [3]."""
     max_new_tokens: int = 256
     """Most tokens of one extractor answer (its JSON operations, merge plan or advice)."""
+    temperature: float = 1.0
+    """Sampling temperature of πϕ's answers [1.0, the authors' code]; its own, not the actor's."""
+    top_p: float = 0.99
+    """Nucleus sampling mass of πϕ's answers [0.99, the authors' code]."""
+    repetition_penalty: float = 1.0
+    """CTRL repetition penalty on πϕ's answers (1: off) [1.0]. Old log-probs stay the model's own, so the
+    CISPO ratio is unaffected; only what gets sampled changes, as with the JSON grammar."""
+    kv_cache_gib: float | None = None
+    """πϕ's engine's KV cache (GiB; vLLM); None: the same as the actor's (``rollout.kv_cache_gib``)."""
     trajectory_chars: int = 2400
     """Characters of trajectory shown to the extractor per distillation; the earliest turns go first."""
     grad_clip: float = 1.0
@@ -270,6 +279,13 @@ class ExtractorConfig(_Section):
         _at_least("max_ops", self.max_ops, 1)
         _at_least("max_new_tokens", self.max_new_tokens, 16)
         _at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS)
+        _non_negative("temperature", self.temperature)
+        _require(0 < self.top_p <= 1, f"top_p must be above 0 and at most 1 (got {self.top_p})")
+        _positive("repetition_penalty", self.repetition_penalty)
+        _at_most("repetition_penalty", self.repetition_penalty, 10.0)
+        if self.kv_cache_gib is not None:
+            _positive("kv_cache_gib", self.kv_cache_gib)
+            _at_most("kv_cache_gib", self.kv_cache_gib, 4096)
         _at_least("trajectory_chars", self.trajectory_chars, 200)
         _at_most("trajectory_chars", self.trajectory_chars, 1_000_000)
         _positive("grad_clip", self.grad_clip)
@@ -617,6 +633,8 @@ PRESETS: dict[str, RunConfig] = {
             gradient_checkpointing=False,
             max_new_tokens=160,
             trajectory_chars=1200,
+            # distil batches of 32 x ~900 tokens need ~0.6 GiB; the actor's eval-sized cache is 2 GiB idle
+            kv_cache_gib=1.0,
         ),
         experience=ExperienceConfig(warmup_steps=2, capacity=2000),
         rollout=RolloutConfig(max_new_tokens=48, turn_limit=8, context_tokens=2048, kv_cache_gib=1.0),

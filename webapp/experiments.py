@@ -22,6 +22,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from trainer.experiments.files import FAILURES_FILE, last_attempt, read_lines, write_lines
 from trainer.experiments.spec import Cell, ExperimentSpec
@@ -129,6 +130,46 @@ def seed_bank(run: Run, path: Path) -> int:
         return experience_import(run, lines)
 
 
+def config_drift(run: Run, cell: Cell) -> str:
+    """How the config a cell's run was started under differs from the cell's config in the file now ("" if
+    it does not): a run's results compare with its neighbours' only under the same config."""
+    from trainer.checkpoint import config_changes
+
+    changes = config_changes(run.config, cell.config.to_dict())
+    return "; ".join(f"{key}: {then!r} then, {now!r} now" for key, then, now in changes)
+
+
+def cell_restart(run: Run) -> Run:
+    """Take ``run`` out of its cell so that the cell starts again from scratch; nothing is deleted.
+
+    The old run stays in the runs list as "<name> (replaced)" with its bank, episodes and metrics; its
+    folder moves aside (``<cell>.replaced-run<pk>``); its exported result files leave the experiment's
+    results (git keeps them). A live run is refused: cancel it first.
+    """
+    if run.status == Run.Status.RUNNING and not run.is_lost:
+        raise ValueError(f"run {run.pk} of cell {run.cell} is running on {run.worker}: cancel it first")
+    experiment = run.experiment
+    folder = Path(run.checkpoint_dir)
+    aside = folder.with_name(f"{folder.name}.replaced-run{run.pk}")
+    if folder.exists():
+        folder.rename(aside)
+    exported = results_dir(experiment.name) / "runs" / run.cell.replace("/", "-")
+    if exported.exists():
+        shutil.rmtree(exported)
+    finished = run.status in (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED)
+    Run.objects.filter(pk=run.pk).update(
+        name=f"{run.name} (replaced)",
+        experiment=None,
+        cell="",
+        checkpoint_dir=str(aside),
+        status=run.status if finished else Run.Status.CANCELLED,
+        error=run.error or f"replaced: cell {run.cell} of {experiment.name} was started again from scratch",
+        finished_at=run.finished_at or timezone.now(),
+    )
+    run.refresh_from_db()
+    return run
+
+
 def cell_requeue(run: Run) -> bool:
     """Make an unfinished cell's run claimable again (failed, cancelled or lost); False if it is live."""
     if run.status == Run.Status.SUCCEEDED:
@@ -148,26 +189,41 @@ def experiment_run(
     *,
     here: bool = False,
     only: Iterable[str] = (),
+    restart: Iterable[str] = (),
     say: Callable[[str], None] = print,
     shared: bool = True,
     launch_token: str = "",
 ) -> Experiment:
     """Queue (or, ``here``, train one after another in this process) every unfinished cell of ``spec``.
 
-    ``only``: cell keys or arm names to limit the grid to. Finished cells are skipped (their result files
-    are refreshed); a live cell is left to its worker.
+    ``only``: cell keys or arm names to limit the grid to. ``restart``: cell keys or arm names to start
+    again from scratch (``cell_restart``). Finished cells are skipped (their result files are refreshed); a
+    live cell is left to its worker; an unfinished cell whose run was started under another config than
+    the file's is not resumed (restart it, or put the file back).
     """
     from webapp.services import _enqueue
 
     experiment = experiment_sync(spec, owner, shared=shared)
-    wanted = set(only)
+    wanted, again = set(only), set(restart)
     for cell in spec.cells():
         if wanted and cell.key not in wanted and cell.arm not in wanted:
             continue
         run = cell_run(experiment, cell, owner, launch_token=launch_token)
+        if cell.key in again or cell.arm in again:
+            old = cell_restart(run)
+            say(f"{cell.key}: run {old.pk} set aside as {old.name!r} ({old.checkpoint_dir})")
+            run = cell_run(experiment, cell, owner, launch_token=launch_token)
+        drift = config_drift(run, cell)
         if run.status == Run.Status.SUCCEEDED:
             export_results(run)
-            say(f"{cell.key}: done (run {run.pk})")
+            note = f"; started under another config than the file's: {drift}" if drift else ""
+            say(f"{cell.key}: done (run {run.pk}{note})")
+            continue
+        if drift and not (run.status == Run.Status.RUNNING and not run.is_lost):
+            say(
+                f"{cell.key}: not resumed: run {run.pk} was started under another config than the file's "
+                f"({drift}); pass --restart {cell.key} to start it again from scratch, or put the file back"
+            )
             continue
         was = run.display_status
         if not cell_requeue(run) and run.status != Run.Status.QUEUED:

@@ -133,6 +133,53 @@ def test_an_unfinished_cell_is_resumed_and_a_live_one_left_to_its_worker(user, e
     assert any("grpo/s1: running on a-worker" in line for line in said), said
 
 
+def test_a_cell_started_under_another_config_waits_for_a_restart_that_keeps_the_old_run(
+    user, experiment_file, monkeypatch
+):
+    spec = ExperimentSpec.from_file(experiment_file)
+    said: list[str] = []
+    queued: list[int] = []
+    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    experiment_run(spec, user, only=["grpo/s0"], say=said.append)
+    old = Run.objects.get(experiment__name=spec.name, cell="grpo/s0")
+    config = old.config  # as if the file had changed since: another lr, a setting that did not exist then
+    config["actor"]["lr"] = 0.5
+    del config["extractor"]["top_p"]
+    Run.objects.filter(pk=old.pk).update(config=config, status=Run.Status.FAILED, error="killed")
+    folder = Path(old.checkpoint_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    said.clear()
+    queued.clear()
+
+    experiment_run(spec, user, only=["grpo/s0"], say=said.append)
+    assert queued == [] and "not resumed" in said[0] and "--restart grpo/s0" in said[0]
+    assert "actor.lr: 0.5 then, 1e-05 now" in said[0] and "extractor.top_p: '(not a setting then)'" in said[0]
+
+    experiment_run(spec, user, only=["grpo/s0"], restart=["grpo/s0"], say=said.append)
+    old.refresh_from_db()
+    new = Run.objects.get(experiment__name=spec.name, cell="grpo/s0")
+    assert new.pk != old.pk and queued == [new.pk] and new.config == spec.cells()[0].config.to_dict()
+    assert old.experiment is None and old.name.endswith("(replaced)") and old.status == Run.Status.FAILED
+    assert (Path(old.checkpoint_dir) / "metrics.jsonl").read_text() == '{"step": 1}\n'  # nothing lost
+    assert not folder.exists() or not (folder / "metrics.jsonl").exists()
+
+    assert new.claim("a-worker")  # a live cell is not restarted under its worker
+    with pytest.raises(CommandError, match="cancel it first"):
+        call_command(
+            "experiment",
+            "run",
+            str(experiment_file),
+            "--only",
+            "grpo/s0",
+            "--restart",
+            "grpo/s0",
+            "--owner",
+            user.username,
+            stdout=io.StringIO(),
+        )
+
+
 def test_a_run_started_by_hand_in_a_cells_folder_is_adopted(user, experiment_file):
     spec = ExperimentSpec.from_file(experiment_file)
     cell = spec.cells()[0]

@@ -129,6 +129,7 @@ class Extractor:
         max_new_tokens: int = 256,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
         max_ops: int = 3,
         trajectory_chars: int = 2400,
         structured: bool | None = None,
@@ -140,6 +141,7 @@ class Extractor:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
+        self.repetition_penalty = repetition_penalty
         self.max_ops = max_ops
         self.trajectory_chars = trajectory_chars
         self.structured = engine.name == "vllm" if structured is None else structured
@@ -168,6 +170,7 @@ class Extractor:
                 max_new_tokens=self.max_new_tokens,
                 temperature=self.temperature,
                 top_p=self.top_p,
+                repetition_penalty=self.repetition_penalty,
                 json_schema=schema if self.structured else None,
             )
             for t, schema in zip(texts, schemas, strict=True)

@@ -47,6 +47,10 @@ class GenerationRequest:
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus sampling mass, in (0, 1]."""
+    repetition_penalty: float = 1.0
+    """CTRL's penalty on every token already in the prompt or the completion: its logit is divided by this
+    when positive, multiplied when negative (1: off; vLLM's and transformers' definition). Reported
+    log-probs stay the raw model's."""
     seed: int | None = None
     """Per-request sampling seed: the same request with the same seed gives the same completion."""
     stop_token_ids: tuple[int, ...] = ()
@@ -70,6 +74,8 @@ class GenerationRequest:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be above 0, got {self.repetition_penalty}")
 
 
 @dataclass

@@ -42,6 +42,7 @@ class _RowSampler:
             self.generators.append(g)
         self.temperature = torch.tensor([r.temperature for r in requests], device=device)
         self.top_p = torch.tensor([r.top_p for r in requests], device=device)
+        self.penalty = torch.tensor([r.repetition_penalty for r in requests], device=device)
         self.tokens: list[list[int]] = [[] for _ in range(B)]
         self.logprobs: list[list[float]] = [[] for _ in range(B)]
         self.finish: list[str | None] = [None] * B
@@ -51,7 +52,7 @@ class _RowSampler:
         logp = scores.log_softmax(-1)  # raw-model log-probs, the convention of every engine
         # temperature 0 is greedy: divide by 1 and take the argmax below
         greedy = self.temperature == 0
-        scores = self._hold_stops(scores)
+        scores = self._penalise_repeats(self._hold_stops(scores))
         probs = (scores / torch.where(greedy, 1.0, self.temperature)[:, None]).softmax(-1)
         # top-p: keep the smallest prefix of sorted tokens whose mass reaches top_p (always >= 1 token)
         sorted_probs, order = probs.sort(-1, descending=True)
@@ -74,6 +75,18 @@ class _RowSampler:
                 self.finish[i] = "length"
         # greedy decoding over this one-hot picks exactly the sampled tokens
         return torch.full_like(scores, float("-inf")).scatter_(-1, chosen[:, None], 0.0)
+
+    def _penalise_repeats(self, scores: torch.Tensor) -> torch.Tensor:
+        """CTRL's repetition penalty, row by row, on the tokens of the row's prompt and completion so far:
+        their logits / p when positive, * p when negative (as vLLM and transformers define it)."""
+        if bool((self.penalty == 1).all()):
+            return scores
+        seen = torch.zeros_like(scores, dtype=torch.bool)
+        for i, r in enumerate(self.requests):
+            seen[i, list(r.prompt_ids) + self.tokens[i]] = True
+        p = self.penalty[:, None]
+        penalised = torch.where(scores > 0, scores / p, scores * p)
+        return torch.where(seen, penalised, scores)
 
     def _hold_stops(self, scores: torch.Tensor) -> torch.Tensor:
         """Rows still short of their ``min_new_tokens`` cannot pick a stop token (logp stays the raw one)."""

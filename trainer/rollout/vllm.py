@@ -133,6 +133,7 @@ class VLLMEngine(Engine):
             min_tokens=request.min_new_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
+            repetition_penalty=request.repetition_penalty,
             seed=request.seed if request.seed is not None else self._rng.getrandbits(63),
             stop_token_ids=list(request.stop_token_ids),
             logprobs=0,  # the sampled token's own log-prob only

@@ -17,6 +17,7 @@ from trainer.rollout import EngineError, GenerationRequest, engine_class, make_e
         ({"temperature": -0.1}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"min_new_tokens": -1}, "min_new_tokens"),
         ({"max_new_tokens": 4, "min_new_tokens": 5}, "min_new_tokens"),
     ],

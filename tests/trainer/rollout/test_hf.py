@@ -66,6 +66,22 @@ def test_a_stop_token_ends_only_its_own_request(engine, chat):
     assert unaffected.token_ids == free.token_ids and unaffected.finish_reason == "length"
 
 
+def test_a_repetition_penalty_steers_only_its_own_request_and_logprobs_stay_raw(engine, chat):
+    greedy = GenerationRequest(chat("Count from one to ten in words."), max_new_tokens=24, temperature=0.0)
+    free, penalised = engine.generate([greedy, replace(greedy, repetition_penalty=3.0)])
+
+    def repeats(tokens):  # tokens already seen in the prompt or earlier in the answer
+        return sum(t in greedy.prompt_ids or t in tokens[:i] for i, t in enumerate(tokens))
+
+    assert repeats(free.token_ids) >= 8  # the premise: "one, two, three, ..." repeats its commas
+    assert repeats(penalised.token_ids) < repeats(free.token_ids) // 2
+    assert engine.generate([greedy])[0].token_ids == free.token_ids  # its neighbour was left alone
+    trainer_model = load_causal_lm(engine.model_path)
+    with torch.no_grad():
+        (raw,) = sequence_logprobs(trainer_model, [greedy.prompt_ids], [penalised.token_ids])
+    torch.testing.assert_close(torch.tensor(penalised.logprobs), raw, atol=1e-3, rtol=0)
+
+
 def test_min_new_tokens_holds_back_the_end_of_its_own_request(engine, check_min_new_tokens):
     check_min_new_tokens(engine)
 

@@ -66,13 +66,17 @@ def test_its_logprobs_match_the_trainer_recompute(engine, requests, generations)
 
 def test_it_agrees_with_the_transformers_engine_on_greedy_decoding(engine, model_path, chat):
     greedy = GenerationRequest(chat("Count from one to ten in words."), max_new_tokens=10, temperature=0.0)
+    penalised = replace(greedy, repetition_penalty=1.5, max_new_tokens=24)
     hf = make_engine("hf", model_path)
     try:
-        (want,) = hf.generate([greedy])
+        want, want_penalised = hf.generate([greedy, penalised])
     finally:
         hf.close()
-    (got,) = engine.generate([greedy])
+    got, got_penalised = engine.generate([greedy, penalised])
     assert got.token_ids == want.token_ids
+    # the repetition penalty means the same in both (prompt tokens count as seen) and changes the answer
+    assert got_penalised.token_ids == want_penalised.token_ids
+    assert got_penalised.token_ids[:10] != got.token_ids
     # a stop token ends its own request only, and is kept
     stop = want.token_ids[3]
     first = want.token_ids.index(stop)

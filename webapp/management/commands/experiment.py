@@ -14,8 +14,9 @@ class Command(BaseCommand):
     help = (
         "Experiments (configs/experiments/*.toml): 'run FILE' queues every unfinished cell of the grid on "
         "the training queue (--here: trains them one after another in this process); running it again skips "
-        "finished cells and resumes unfinished ones. 'status FILE' shows the grid. 'report NAME' writes "
-        "report.md, plots and summary.csv from the committed result files (docs/experiments/NAME/)."
+        "finished cells and resumes unfinished ones (--restart CELL starts one again from scratch). 'status "
+        "FILE' shows the grid. 'report NAME' writes report.md, plots and summary.csv from the committed "
+        "result files (docs/experiments/NAME/)."
     )
 
     def add_arguments(self, parser) -> None:
@@ -24,6 +25,12 @@ class Command(BaseCommand):
         run.add_argument("file", type=Path)
         run.add_argument("--here", action="store_true", help="train in this process, one cell after another")
         run.add_argument("--only", action="append", default=[], help="a cell (grpo/s0) or an arm; repeatable")
+        run.add_argument(
+            "--restart",
+            action="append",
+            default=[],
+            help="a cell (grpo/s0) or an arm to start again from scratch (the old run is kept); repeatable",
+        )
         run.add_argument("--owner", default=os.environ.get("STUDIO_ADMIN_USER", "admin"))
         status = sub.add_parser("status", help="each cell's run and state")
         status.add_argument("file", type=Path)
@@ -51,7 +58,17 @@ class Command(BaseCommand):
             raise CommandError(
                 f"no user {options['owner']!r} to own the runs: pass --owner, or run ensure_admin"
             )
-        experiment_run(spec, owner, here=options["here"], only=options["only"], say=self._say)
+        try:
+            experiment_run(
+                spec,
+                owner,
+                here=options["here"],
+                only=options["only"],
+                restart=options["restart"],
+                say=self._say,
+            )
+        except ValueError as err:
+            raise CommandError(str(err)) from err
 
     def _status(self, options) -> None:
         from webapp.experiments import experiment_cells
