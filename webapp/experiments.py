@@ -132,10 +132,13 @@ def seed_bank(run: Run, path: Path) -> int:
 
 def config_drift(run: Run, cell: Cell) -> str:
     """How the config a cell's run was started under differs from the cell's config in the file now ("" if
-    it does not): a run's results compare with its neighbours' only under the same config."""
+    it does not): a run's results compare with its neighbours' only under the same config. A method without
+    experience (grpo) never reads the extractor's and the bank's settings, so their changes do not count."""
     from trainer.checkpoint import config_changes
 
     changes = config_changes(run.config, cell.config.to_dict())
+    if not cell.config.uses_experience:
+        changes = [c for c in changes if not c[0].startswith(("extractor.", "experience."))]
     return "; ".join(f"{key}: {then!r} then, {now!r} now" for key, then, now in changes)
 
 

@@ -71,7 +71,7 @@ class Command(BaseCommand):
             raise CommandError(str(err)) from err
 
     def _status(self, options) -> None:
-        from webapp.experiments import experiment_cells
+        from webapp.experiments import config_drift, experiment_cells
         from webapp.models import Experiment
 
         spec = ExperimentSpec.from_file(options["file"])
@@ -83,6 +83,8 @@ class Command(BaseCommand):
         for state in experiment_cells(experiment, spec):
             run = state.run
             where = f"run {run.pk}, step {run.step}/{state.cell.config.steps}" if run else ""
+            if run and (drift := config_drift(run, state.cell)):
+                where += f"  (started under another config: {drift})"
             self._say(f"{state.cell.key:32} {state.status:12} {where}")
 
     def _report(self, options) -> None:
