@@ -77,6 +77,9 @@ def read_resume_point(cfg: RunConfig, resume: Path | None) -> CheckpointState | 
         return None
     state = read_checkpoint(Path(resume))
     check_resumable(state.config, cfg)
+    if state.new_settings:  # the same config as far as it can tell, but behaviour may differ: say so
+        now = ", ".join(f"{k} = {v!r}" for k, v in state.new_settings.items())
+        print(f"training: the checkpoint predates {now}: they take these values from here on", flush=True)
     if state.step >= cfg.steps:
         raise ConfigError(f"the checkpoint is at step {state.step} already; pass --steps above it to go on")
     return state

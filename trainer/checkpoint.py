@@ -20,7 +20,7 @@ import json
 import random
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class CheckpointState:
     """The weight version the engine served after that step's sync."""
     config: RunConfig
     path: Path
+    new_settings: dict[str, Any] = field(default_factory=dict)
+    """Settings the checkpoint's config lacks (saved before they existed), with the defaults they take."""
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -113,11 +115,14 @@ def find_checkpoint(path: Path) -> Path:
 def read_checkpoint(path: Path) -> CheckpointState:
     path = find_checkpoint(path)
     state = json.loads((path / STATE_FILE).read_text())
+    config = RunConfig.from_dict(state["config"])
+    changes = config_changes(state["config"], config.to_dict())  # only keys the saved config lacks
     return CheckpointState(
         step=int(state["step"]),
         engine_version=int(state["engine_version"]),
-        config=RunConfig.from_dict(state["config"]),
+        config=config,
         path=path,
+        new_settings={key: now for key, then, now in changes if then is UNSET},
     )
 
 

@@ -10,12 +10,13 @@ start next to the stairs: rollouts then differ in outcome and the update has a s
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
 
 from tests.trainer.recording import Recorder
-from trainer.assemble import build_engine
+from trainer.assemble import build_engine, read_resume_point
 from trainer.checkpoint import read_checkpoint
 from trainer.config import ConfigError, get_preset
 from trainer.evaluate import evaluate_checkpoint
@@ -133,6 +134,19 @@ def test_resuming_with_a_different_config_is_refused(first_run, engine):
     out, _, _, _ = first_run
     with pytest.raises(ConfigError, match=r"actor\.lr: 0\.0001 in the checkpoint, 0\.001 now"):
         train(CFG.with_overrides(**{"actor.lr": 1e-3}), out_dir=out, resume=out, engine=engine)
+
+
+def test_a_checkpoint_saved_before_a_setting_existed_resumes_and_says_what_it_takes(tmp_path, capsys):
+    saved = CFG.to_dict()
+    del saved["extractor"]["temperature"]  # as written by a version without the setting
+    folder = tmp_path / "checkpoints" / "step-000002"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"step": 2, "engine_version": 2, "config": saved}))
+    state = read_resume_point(CFG.with_overrides(steps=3), tmp_path)
+    assert state.step == 2 and state.new_settings == {"extractor.temperature": 1.0}
+    assert "predates extractor.temperature = 1.0" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"extractor\.temperature: 1\.0 in the checkpoint, 0\.5 now"):
+        read_resume_point(CFG.with_overrides(steps=3, **{"extractor.temperature": 0.5}), tmp_path)
 
 
 def test_a_reporter_can_stop_the_run_and_it_is_checkpointed(engine, tmp_path):
