@@ -27,6 +27,7 @@ from trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trainer.config import RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
+from trainer.memory import release_freed_memory, resident_gib
 from trainer.report import Reporter
 from trainer.rollout.base import Engine
 from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
@@ -154,6 +155,8 @@ class TrainingLoop:
             metrics["time/sync_s"] = self.actor.sync(self.engine, self.engine.weight_version + 1)
         metrics["engine/weight_version"] = float(self.engine.weight_version)
         metrics["time/step_s"] = time.perf_counter() - t0
+        release_freed_memory()
+        metrics["memory/rss_gib"] = resident_gib()
         self.reporter.on_episode_batch(step, episodes)
         self.reporter.on_step(step, metrics)
         return metrics
@@ -161,6 +164,7 @@ class TrainingLoop:
     def evaluate(self, step: int) -> Metrics:
         """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""
         metrics = evaluate(self.eval_runner, self.cfg.env, self.cfg.eval_episodes)
+        release_freed_memory()
         self.reporter.on_eval(step, metrics)
         return metrics
 

@@ -103,6 +103,7 @@ def test_the_run_reports_evaluation_and_timings(first_run):
         ):
             assert m[key] > 0
         assert 0 <= m["train/success"] <= 1 and m["train/episodes"] == 6
+        assert 0.3 < m["memory/rss_gib"] < 24  # the process's resident size after the step, models included
     assert "step 2/2" in log and "rollout" in log and "eval after step 2" in log
     assert not (out / "metrics.jsonl").exists()  # the caller's reporter replaces the default ones
 

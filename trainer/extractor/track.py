@@ -28,6 +28,7 @@ from trainer.cancel import Cancelled, CancelToken
 from trainer.extractor.credit import CreditBuffer, generation_key
 from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.update import ExtractorUpdate
+from trainer.memory import release_freed_memory
 from trainer.store import ExperienceStore, Generation, GuidedOutcome
 
 Metrics = dict[str, float]
@@ -270,6 +271,7 @@ class ExtractorTrack:
                 batch = self.buffer.take()
                 metrics = self.update.step(batch, self.extractor)
                 metrics["time/extractor_sync_s"] = self.update.sync(self.extractor)
+            release_freed_memory()
             self.store.record_training(batch.entry_ids, step=batch.step)
             with self._lock:
                 self.last_update = metrics
