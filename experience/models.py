@@ -246,9 +246,12 @@ class ImportJob(models.Model):
         return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
 
     def mark_failed(self, message: str) -> None:
-        """Nothing was imported; ``message`` says why (shown on the bank page)."""
+        """Nothing was imported; ``message`` says why (shown on the bank page). A NUL byte quoted from the
+        file (PostgreSQL text cannot hold one) is shown as \\x00."""
         ImportJob.objects.filter(pk=self.pk).update(
-            status=self.Status.FAILED, error=message[:10_000], finished_at=timezone.now()
+            status=self.Status.FAILED,
+            error=message.replace("\x00", "\\x00")[:10_000],
+            finished_at=timezone.now(),
         )
 
     @property

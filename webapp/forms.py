@@ -178,7 +178,10 @@ def clean_model_path(value: str) -> str:
     if settings.STUDIO_ALLOW_HUB_MODELS and HUB_ID.match(value) and not Path(value).exists():
         return value
     choices = ", ".join(prepared_models()) or "none: run manage.py prepare_models"
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # "~name" of a user who does not exist
+        path = Path(value)
     if not path.is_absolute() or "\x00" in value:
         raise forms.ValidationError(f"give the full path of a prepared model (prepared: {choices})")
     path = path.resolve()

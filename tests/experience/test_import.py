@@ -65,6 +65,16 @@ def test_a_line_longer_than_the_limit_is_refused_by_its_number(run, embedder):
     assert not Experience.objects.filter(run=run).exists()
 
 
+def test_a_rejected_line_quoting_a_nul_byte_fails_the_import_with_its_message_kept(run, embedder):
+    bad = _record(2) | {"bad\x00key": 1}  # a valid entry but for a key the error message quotes
+    body = json.dumps(_record(1)) + "\n" + json.dumps(bad) + "\n"
+    with pytest.raises(transfer.ImportRejected, match="line 2"):
+        services.experience_import(run, io.StringIO(body))
+    job = ImportJob.objects.get(run=run)
+    assert job.status == ImportJob.Status.FAILED and "line 2" in job.error and "\x00" not in job.error
+    assert not Experience.objects.filter(run=run).exists()
+
+
 def test_an_import_adds_every_line_in_batches_and_leaves_no_staging_rows(run, user, embedder, monkeypatch):
     monkeypatch.setattr(transfer, "BATCH_LINES", 3)
     body = "".join(json.dumps(_record(i)) + "\n" for i in range(8))

@@ -488,7 +488,9 @@ def test_a_clone_id_that_is_not_a_plain_number_is_not_found(client, launcher):
     assert client.get(reverse("run_launch") + "?clone=%C2%B2").status_code == 404
 
 
-@pytest.mark.parametrize("model", ["../../etc/passwd", "/nonexistent", "/etc", "Qwen/Qwen2.5-7B-Instruct"])
+@pytest.mark.parametrize(
+    "model", ["../../etc/passwd", "/nonexistent", "/etc", "Qwen/Qwen2.5-7B-Instruct", "~0", "~nobody-here/m"]
+)
 def test_a_launch_names_only_prepared_models(client, launcher, model):
     client.force_login(launcher)
     response = client.post(reverse("run_launch"), _launch_data(actor_model=model))
