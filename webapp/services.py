@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,8 +123,9 @@ def run_launch_submission(user, form: LaunchForm) -> Launched | None:
     None if the form is invalid (its errors say why). The same submission token posted again (a double click,
     a retried request) leads to what the first one launched, never to a copy."""
     token = form.data.get("submission", "")
+    well_formed = bool(LAUNCH_TOKEN.fullmatch(token)) if isinstance(token, str) else False
     with transaction.atomic():
-        if token and (earlier := launched_by(token)):
+        if well_formed and (earlier := launched_by(token)):  # a malformed one is the form's error to name
             return Launched(earlier, again=True)
         if not form.is_valid():
             return None
@@ -139,6 +141,10 @@ def run_launch_submission(user, form: LaunchForm) -> Launched | None:
             n_seeds=data["n_seeds"], launch_token=data["submission"],
         )  # fmt: skip
     return Launched(runs)
+
+
+LAUNCH_TOKEN = re.compile(r"[0-9a-f]{1,64}")
+"""A launch form's submission token as the form makes it (``LaunchForm.submission``)."""
 
 
 def launched_by(launch_token: str) -> list[Run]:

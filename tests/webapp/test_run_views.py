@@ -515,6 +515,13 @@ def test_an_admin_allowed_folder_and_hub_ids_can_be_opened_up(client, launcher, 
     )
 
 
+@pytest.mark.parametrize("token", ["\x00", "not-hex", "f" * 65])
+def test_a_malformed_submission_token_is_a_form_error_not_a_crash(client, launcher, token):
+    client.force_login(launcher)
+    response = client.post(reverse("run_launch"), _launch_data(submission=token))
+    assert response.status_code == 400 and not Run.objects.exists()
+
+
 def test_the_same_form_submission_posted_twice_launches_once(client, launcher):
     client.force_login(launcher)
     page = client.get(reverse("run_launch")).content.decode()
