@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -122,10 +121,9 @@ def run_launch_submission(user, form: LaunchForm) -> Launched | None:
     """Queue what a launch form asks for (the page's and the API's alike): runs, or an experiment's grid.
     None if the form is invalid (its errors say why). The same submission token posted again (a double click,
     a retried request) leads to what the first one launched, never to a copy."""
-    token = form.data.get("submission", "")
-    well_formed = bool(LAUNCH_TOKEN.fullmatch(token)) if isinstance(token, str) else False
+    token = submission_token(form)
     with transaction.atomic():
-        if well_formed and (earlier := launched_by(token)):  # a malformed one is the form's error to name
+        if token and (earlier := launched_by(token)):
             return Launched(earlier, again=True)
         if not form.is_valid():
             return None
@@ -143,8 +141,13 @@ def run_launch_submission(user, form: LaunchForm) -> Launched | None:
     return Launched(runs)
 
 
-LAUNCH_TOKEN = re.compile(r"[0-9a-f]{1,64}")
-"""A launch form's submission token as the form makes it (``LaunchForm.submission``)."""
+def submission_token(form: LaunchForm) -> str:
+    """The form's submission token if the form's own field accepts it, else "" (a malformed one is the
+    form's error to name, never a database lookup)."""
+    try:
+        return form.fields["submission"].clean(form.data.get("submission", ""))
+    except ValidationError:
+        return ""
 
 
 def launched_by(launch_token: str) -> list[Run]:

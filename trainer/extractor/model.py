@@ -101,8 +101,13 @@ class ExtractorStats:
     def _log_failure(self, job: str, parsed: parsing.Parsed, raw: str, tokens: int) -> None:
         if self.failure_log is None:
             return
-        line = {"job": job, "errors": parsed.errors, "repaired": parsed.repaired, "tokens": tokens}
-        line["answer"] = raw
+        line = {
+            "job": job,
+            "errors": parsed.errors,
+            "repaired": parsed.repaired,
+            "tokens": tokens,
+            "answer": raw,
+        }
         with self.failure_log.open("a", encoding="utf-8") as out:
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
