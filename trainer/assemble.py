@@ -115,7 +115,7 @@ def build_extractor(
     update = None
     if cfg.extractor_trains:
         saved = state.path / "extractor" if state is not None else None
-        path = saved if saved is not None and saved.exists() else x.model_path
+        path = saved if saved is not None and (saved / "config.json").exists() else x.model_path
         update = ExtractorUpdate(load_causal_lm(path), x)
     extractor = Extractor(
         engine,

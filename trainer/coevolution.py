@@ -51,7 +51,10 @@ TOOL_NOTE = (
     "<search>your question</search>. At most {limit} questions per episode."
 )
 STATE_FILE = "state.pt"
-"""πϕ's optimiser and credit buffer, next to its weights in a checkpoint's ``extractor/`` folder."""
+"""πϕ's optimiser, credit buffer and unfinished work, in a checkpoint's ``extractor/`` folder (beside its
+weights when the method trains πϕ)."""
+JOURNAL_FILE = "extractor_track.jsonl"
+"""The extractor track's finished work, in the run's folder (``trainer.extractor.track.TrackJournal``)."""
 SEARCH_TAG = re.compile(r"<search>(.*?)(?:</search>|$)", re.DOTALL | re.IGNORECASE)
 
 
@@ -268,6 +271,7 @@ class CoevolutionLoop(TrainingLoop):
             update=self.extractor_update,
             warmup_steps=cfg.experience.warmup_steps,
             cancel=self.cancel,
+            journal=Path(self.out_dir) / JOURNAL_FILE,
         )
 
     def run(self) -> Metrics:
@@ -334,12 +338,16 @@ class CoevolutionLoop(TrainingLoop):
         return metrics
 
     def save_more(self, folder: Path) -> None:
-        """πϕ's weights, optimiser and credit buffer, in the checkpoint before it is renamed into place."""
+        """The track's state (credits settled first) and, when πϕ trains, its weights, in the checkpoint
+        before it is renamed into place."""
+        (folder / "extractor").mkdir(exist_ok=True)
+        with self.track.update_lock:
+            self.track.settle_credits()
+            torch.save(self.track.state_dict(), folder / "extractor" / STATE_FILE)
+            if self.extractor_update is not None:
+                self.extractor_update.model.save_pretrained(folder / "extractor", safe_serialization=True)
         if self.extractor_update is None:
             return
-        with self.track.update_lock:
-            self.extractor_update.model.save_pretrained(folder / "extractor", safe_serialization=True)
-            torch.save(self.track.state_dict(), folder / "extractor" / STATE_FILE)
         self.extractor.tokenizer.save_pretrained(folder / "extractor")
         (folder / "extractor" / "version.json").write_text(
             json.dumps({"weight_version": self.extractor.expected_version})

@@ -1,12 +1,16 @@
 """The extractor's background track over the real bank, the real SmolLM2 extractor and its engine: credits
-submitted while a merge pass runs are taken in between its chunks, not after the whole pass."""
+submitted while a merge pass runs are taken in between its chunks, not after the whole pass; a checkpoint
+keeps the unfinished work, and a resumed track does exactly what the lost one had not finished."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from trainer.extractor.credit import CreditBuffer
-from trainer.extractor.model import Extractor
+from trainer.extractor.model import DistilRequest, Extractor
+from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack
 from trainer.models import default_model_path, load_tokenizer, prepare_default_models
 from trainer.rollout import make_engine
@@ -55,3 +59,52 @@ def test_credits_submitted_during_a_merge_pass_are_taken_between_its_chunks(mana
     assert len(credited_at_chunk) >= 2  # the premise: the pass had more than one chunk
     assert credited_at_chunk[0] == 0 and credited_at_chunk[1] == len(ids)
     assert track.counts["credited_generations"] >= 1
+
+
+def _episode(n: int) -> DistilRequest:
+    steps = (Step("The stairs > are 2 tiles east of you.", "east"), Step("You are on the stairs.", "down"))
+    return DistilRequest(f"1:task-{n}", SCOPE, "Go down the stairs.", steps, True, 1.0, step=1)
+
+
+def test_a_resumed_track_does_the_checkpoints_unfinished_work_less_what_the_lost_one_finished(
+    manager, extractor, monkeypatch, tmp_path
+):
+    written = Generation("prompt", "answer", (5, 6, 7), (-0.1, -0.2, -0.3), weight_version=0)
+    [entry] = manager.apply([Add(SCOPE, *LESSONS[0], generation=written)], step=1)
+    options = dict(scopes=[SCOPE], distil_batch=1, journal=tmp_path / "extractor_track.jsonl")
+    distilled: list[str] = []
+    real_distil = extractor.distil
+    checkpointed = threading.Event()
+
+    def distil_and_die_after_the_first_batch(requests):
+        checkpointed.wait(60)  # the checkpoint is taken while the step's episodes are still queued
+        distilled.extend(r.episode_id for r in requests)
+        results = real_distil(requests)
+        lost.cancel.set()  # the process is killed after its first batch
+        return results
+
+    monkeypatch.setattr(extractor, "distil", distil_and_die_after_the_first_batch)
+    lost = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
+    try:
+        lost.submit(1, [_episode(0), _episode(1)], [Credit("1:task-0", True, entry_id=entry.entry_id)])
+        with lost.update_lock:
+            lost.settle_credits()
+            state = lost.state_dict()
+        checkpointed.set()
+        assert lost.drain(timeout=600)
+    finally:
+        lost.close(timeout=60)
+    assert distilled == ["1:task-0"]  # the premise: one batch done after the checkpoint, one lost
+    assert [len(item.requests) for item in state["unfinished"]] == [2]
+    assert state["counts"]["credited"] == 1 and not state["pending_credits"]  # credited once, in the buffer
+
+    resumed = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
+    try:
+        resumed.load_state_dict(state)
+        assert resumed.drain(timeout=600)
+    finally:
+        resumed.close(timeout=60)
+    assert distilled == ["1:task-0", "1:task-1"]  # the lost batch once; the finished one not again
+    assert resumed.counts["distilled"] == 1 and resumed.counts["credited"] == 1
+    assert len(resumed.buffer.pending) == 1  # the credit came back with the buffer, not twice
+    assert resumed.state_dict()["unfinished"] == []

@@ -26,8 +26,9 @@ from experience.models import Experience, Merge, SearchAsk
 from tests.conftest import wait_for
 from trainer import assemble
 from trainer.checkpoint import read_checkpoint
-from trainer.coevolution import STATE_FILE
+from trainer.coevolution import JOURNAL_FILE, STATE_FILE
 from trainer.config import get_preset
+from trainer.extractor.track import TrackJournal
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.rollout.base import Generation
 from webapp.models import MetricRow, Run
@@ -170,5 +171,9 @@ def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_
         assert saved["optimizer"]["state"] and saved["buffer"]["steps_taken"] >= 1
         # ... and the cumulative counters, so that a resumed run's figures go on from there
         assert saved["counts"]["distilled"] >= 1 and saved["extractor_stats"]["calls"]["distil"] >= 1
+        # ... and the track's work: credits settled, unfinished items kept, finished ones journaled
+        assert saved["pending_credits"] == [] and isinstance(saved["unfinished"], list)
+        journal = TrackJournal(run_dir(run) / JOURNAL_FILE).done
+        assert len(journal) >= saved["counts"]["merges"] + 1  # every merge and at least one distil batch
     finally:
         shutil.rmtree(run_dir(run), ignore_errors=True)

@@ -18,16 +18,26 @@ CISPO steps queued behind it used to stall for as long.
 
 An exception on the thread stops the track and is raised again on the actor's side at its next call, so a
 failure (a stale engine above all) is loud, never silent.
+
+A killed or stopped run loses none of the work it had queued: a checkpoint credits what was submitted and
+keeps the unfinished items (episodes to distil, merges), and the track writes each distillation batch and
+merge it finishes to a journal (``TrackJournal``). A run resumed from the checkpoint does the items again,
+less the batches the journal says the lost process finished after the checkpoint.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import queue
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainer.cancel import Cancelled, CancelToken
 from trainer.extractor.credit import CreditBuffer, generation_key
@@ -58,13 +68,48 @@ class Credit:
 
 @dataclass(frozen=True)
 class _Episodes:
+    key: str
+    """Unique across a run's attempts: journal keys are ``key/<first request's index>``."""
     step: int
     requests: tuple[DistilRequest, ...]
 
 
 @dataclass(frozen=True)
 class _Merge:
+    key: str
     step: int
+
+
+class TrackJournal:
+    """The keys of the work the track finished, one JSON line each in ``path`` (None: in memory only).
+
+    A checkpoint lists the track's unfinished items; the lost process may have finished some of them after
+    that checkpoint, and the bank (the database) kept what it did. The journal is how the resumed run knows.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.done = self._read()
+
+    def _read(self) -> set[str]:
+        if self.path is None or not self.path.exists():
+            return set()
+        done = set()
+        for line in self.path.read_text(errors="replace").splitlines():
+            try:
+                done.add(json.loads(line)["done"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by the kill: that work is done again
+        return done
+
+    def record(self, key: str) -> None:
+        self.done.add(key)
+        if self.path is None:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps({"done": key}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 class ExtractorTrack:
@@ -81,9 +126,12 @@ class ExtractorTrack:
         warmup_steps: int = 0,
         distil_batch: int = 16,
         cancel: CancelToken | None = None,
+        journal: Path | None = None,
     ) -> None:
         """``update=None``: πϕ stays frozen (static_online) but still keeps the bank online. ``cancel``:
-        once set, queued work is dropped and the current item stops at its next batch or micro-batch."""
+        once set, queued work is dropped and the current item stops at its next batch or micro-batch (both
+        stay in the checkpoint's unfinished items). ``journal``: the file of finished work (see
+        ``TrackJournal``); the run's folder keeps it across attempts."""
         self.extractor = extractor
         self.store = store
         self.buffer = buffer
@@ -99,6 +147,9 @@ class ExtractorTrack:
         self.latest_step = 0
         self._merge_keys: set[str] = set()
         self._pending_credits: list[Credit] = []
+        self.journal = TrackJournal(journal)
+        self._keys = (f"{uuid.uuid4().hex[:8]}:{n}" for n in itertools.count())
+        self._unfinished: dict[str, _Episodes | _Merge] = {}
         self._queue: queue.Queue[_Episodes | _Merge | None] = queue.Queue()
         self._lock = threading.Lock()
         self.update_lock = threading.Lock()
@@ -116,11 +167,16 @@ class ExtractorTrack:
         with self._lock:
             self.latest_step = max(self.latest_step, step)
             self._pending_credits.extend(credits)
-        self._queue.put(_Episodes(step, tuple(requests)))
+        self._enqueue(_Episodes(next(self._keys), step, tuple(requests)))
 
     def request_merge(self, step: int) -> None:
         self.check()
-        self._queue.put(_Merge(step))
+        self._enqueue(_Merge(next(self._keys), step))
+
+    def _enqueue(self, item: _Episodes | _Merge) -> None:
+        with self._lock:
+            self._unfinished[item.key] = item
+        self._queue.put(item)
 
     def check(self) -> None:
         """Raise the track's error, if it stopped on one."""
@@ -156,21 +212,32 @@ class ExtractorTrack:
         out["bank/size"] = float(self.store.size())
         return out
 
+    def settle_credits(self) -> None:
+        """Credit every outcome submitted so far, on the caller's thread; the caller holds ``update_lock``
+        (a checkpoint, so that its buffer holds the outcomes of every step it covers)."""
+        self._credit(self._take_credits())
+
     def state_dict(self) -> dict:
-        """πϕ's optimiser and credit state for a checkpoint; the caller holds ``update_lock``."""
+        """πϕ's optimiser and credit state and the unfinished work, for a checkpoint; the caller holds
+        ``update_lock`` (and calls ``settle_credits`` first)."""
         with self._lock:
             counts = dict(self.counts)
+            unfinished = list(self._unfinished.values())
+            credits = list(self._pending_credits)
         return {
             "optimizer": self.update.optimizer.state_dict() if self.update else None,
             "buffer": self.buffer.state_dict(),
             "merge_keys": sorted(self._merge_keys),
             "counts": counts,
             "extractor_stats": self.extractor.stats_state(),
+            "unfinished": unfinished,
+            "pending_credits": credits,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Also the counters, so that a resumed run's cumulative figures go on from the checkpoint's (a
-        checkpoint written before they were saved starts them at zero)."""
+        """Also the counters, so that a resumed run's cumulative figures go on from the checkpoint's, and
+        the checkpoint's unfinished work, queued ahead of anything new (a checkpoint written before these
+        were saved starts the counters at zero and has no work to give back)."""
         with self.update_lock:
             if self.update is not None and state["optimizer"] is not None:
                 self.update.optimizer.load_state_dict(state["optimizer"])
@@ -178,7 +245,10 @@ class ExtractorTrack:
             self._merge_keys = set(state["merge_keys"])
         with self._lock:
             self.counts = Counter(state.get("counts", {}))
+            self._pending_credits = list(state.get("pending_credits", [])) + self._pending_credits
         self.extractor.load_stats_state(state.get("extractor_stats", {}))
+        for item in state.get("unfinished", []):
+            self._enqueue(item)
 
     # ---- the background thread -----------------------------------------------------------------------
 
@@ -196,12 +266,14 @@ class ExtractorTrack:
                 if self._error is None and not self.cancel.is_set():
                     self._catch_up()
                     if isinstance(item, _Episodes):
-                        self._distil(item.step, item.requests)
+                        self._distil(item)
                     else:
-                        self._merge(item.step)
+                        self._merge(item)
+                    with self._lock:
+                        del self._unfinished[item.key]
                     self._maybe_train()
             except Cancelled:
-                pass  # the run stops; what this item did not finish is redone after a resume
+                pass  # the run stops; the item stays unfinished, and a resumed run does it (see TrackJournal)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the actor's side by check()
                 self._error = exc
             finally:
@@ -209,12 +281,18 @@ class ExtractorTrack:
 
     def _catch_up(self) -> None:
         """Credit what the actor has submitted so far, and train if that filled the buffer."""
-        with self._lock:
-            credits, self._pending_credits = self._pending_credits, []
-        self._credit(credits)
+        with self.update_lock:
+            self._credit(self._take_credits())
         self._maybe_train()
 
+    def _take_credits(self) -> list[Credit]:
+        with self._lock:
+            credits, self._pending_credits = self._pending_credits, []
+        return credits
+
     def _credit(self, credits: Sequence[Credit]) -> None:
+        """To the store's counters and the buffer; the caller holds ``update_lock`` (so that a checkpoint
+        sees each credit either done or pending, never half done)."""
         if not credits:
             return
         t0 = time.perf_counter()
@@ -224,20 +302,23 @@ class ExtractorTrack:
         seen = {c.entry_id: c.entry_version for c in credits if c.entry_id is not None and c.entry_version}
         behind = self.store.generations(ids, seen) if ids else {}
         keys = set()
-        with self.update_lock:
-            for c in credits:
-                if c.generation is not None:
-                    keys.add(self.buffer.credit(c.generation, c.success, kind="refine"))
-                if c.entry_id is not None:
-                    g = behind.get(c.entry_id)
-                    kind = "merge" if g is not None and generation_key(g) in self._merge_keys else "distil"
-                    keys.add(self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id))
+        for c in credits:
+            if c.generation is not None:
+                keys.add(self.buffer.credit(c.generation, c.success, kind="refine"))
+            if c.entry_id is not None:
+                g = behind.get(c.entry_id)
+                kind = "merge" if g is not None and generation_key(g) in self._merge_keys else "distil"
+                keys.add(self.buffer.credit(g, c.success, kind=kind, entry_id=c.entry_id))
         keys.discard(None)
         # distinct generations an actor step credits: what fills the buffer of unique generations
         self._count(credited=len(credits), credited_generations=len(keys), credit_s=time.perf_counter() - t0)
 
-    def _distil(self, step: int, requests: Sequence[DistilRequest]) -> None:
+    def _distil(self, item: _Episodes) -> None:
+        requests = item.requests
         for i in range(0, len(requests), self.distil_batch):
+            batch_key = f"{item.key}/{i}"
+            if batch_key in self.journal.done:
+                continue  # finished by the attempt that checkpointed this item
             self.cancel.check()
             if i:
                 self._catch_up()
@@ -245,7 +326,8 @@ class ExtractorTrack:
             results = self.extractor.distil(requests[i : i + self.distil_batch])
             t1 = time.perf_counter()
             ops = [op for r in results for op in r.ops]
-            applied = self.store.apply(ops, step=step) if ops else []
+            applied = self.store.apply(ops, step=item.step) if ops else []
+            self.journal.record(batch_key)
             self._count(
                 distilled=len(results),
                 ops_applied=sum(r.ok and r.entry_id is not None for r in applied),
@@ -254,7 +336,10 @@ class ExtractorTrack:
                 apply_s=time.perf_counter() - t1,
             )
 
-    def _merge(self, step: int) -> None:
+    def _merge(self, item: _Merge) -> None:
+        """A merge the lost attempt left half done is done again whole: a pass over a merged bank."""
+        if item.key in self.journal.done:
+            return
         t0 = time.perf_counter()
         merge_fn = self.extractor.merge_fn
 
@@ -266,7 +351,7 @@ class ExtractorTrack:
             return plan
 
         for scope in self.scopes:
-            report = self.store.merge(scope, remember, step=step)
+            report = self.store.merge(scope, remember, step=item.step)
             self._count(
                 merges=1,
                 merge_chunks=report.chunks,
@@ -277,6 +362,7 @@ class ExtractorTrack:
                 merge_stale=report.stale,
             )
         self._count(merge_s=time.perf_counter() - t0)
+        self.journal.record(item.key)
 
     def _maybe_train(self) -> None:
         if self.update is None or self.latest_step <= self.warmup_steps:
