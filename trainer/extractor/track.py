@@ -247,7 +247,10 @@ class ExtractorTrack:
             self.counts = Counter(state.get("counts", {}))
             self._pending_credits = list(state.get("pending_credits", [])) + self._pending_credits
         self.extractor.load_stats_state(state.get("extractor_stats", {}))
-        for item in state.get("unfinished", []):
+        unfinished = state.get("unfinished", [])
+        with self._lock:  # the steps they came from are past warm-up or not, as before the kill
+            self.latest_step = max([self.latest_step, *(item.step for item in unfinished)])
+        for item in unfinished:
             self._enqueue(item)
 
     # ---- the background thread -----------------------------------------------------------------------
