@@ -67,11 +67,10 @@ def experiment_grid(experiment: Experiment, user) -> list[dict]:
     """The page's grid from the stored spec: one row per arm, one cell per seed, each with its run if this
     user may see it (a hidden run shows as its state only)."""
     spec = experiment.spec
-    arms = list(spec.get("methods", [])) + [v["name"] for v in spec.get("variants", [])]
     runs = {r.cell: r for r in experiment.runs.all()}
     visible = set(Run.objects.visible_to(user).filter(experiment=experiment).values_list("pk", flat=True))
     rows = []
-    for arm in arms:
+    for arm in experiment.arms:
         cells = []
         for seed in spec.get("seeds", []):
             run = runs.get(f"{arm}/s{seed}")

@@ -69,6 +69,16 @@ class Experiment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def arms(self) -> list[str]:
+        """The grid's rows: its methods, then its variants, as the file names them."""
+        return list(self.spec.get("methods", [])) + [v["name"] for v in self.spec.get("variants", [])]
+
+    @property
+    def cell_count(self) -> int:
+        """Cells of the whole grid (arms × seeds), started or not."""
+        return len(self.arms) * len(self.spec.get("seeds", []))
+
 
 class Run(models.Model):
     """One training run: its configuration, its state, and who owns it."""

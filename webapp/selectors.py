@@ -63,14 +63,15 @@ def run_visible(user, run_id: int) -> bool:
 
 
 def experiment_list(user):
-    """Experiments this user may see (their own, shared ones, or all for staff), with cell counts."""
+    """Experiments this user may see (their own, shared ones, or all for staff), with their finished cells
+    (``done``; the grid's size is ``Experiment.cell_count``)."""
     qs = (
         Experiment.objects.all()
         if user.is_staff
         else Experiment.objects.filter(Q(owner=user) | Q(shared=True))
     )
     done = Count("runs", filter=Q(runs__status=Run.Status.SUCCEEDED))
-    return qs.select_related("owner").annotate(cells=Count("runs"), done=done)
+    return qs.select_related("owner").annotate(done=done)
 
 
 def experiment_get(user, name: str):

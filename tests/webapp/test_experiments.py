@@ -221,6 +221,9 @@ def test_experiment_pages_show_the_grid_and_hide_others_private_runs(
     assert client.get(reverse("experiment_detail", args=[spec.name])).status_code == 404
     assert spec.name not in client.get(reverse("experiments")).content.decode()
     client.force_login(user)
+    Run.objects.filter(pk=mine.pk).update(status=Run.Status.SUCCEEDED)
+    listed = client.get(reverse("experiments")).content.decode()
+    assert "1 / 4" in listed  # finished cells of the whole grid (2 arms x 2 seeds), not of the runs so far
     page = client.get(reverse("experiment_detail", args=[spec.name])).content.decode()
     assert reverse("run_detail", args=[mine.pk]) in page and "complementary" in page and "not started" in page
     assert client.get(reverse("experiment_report_file", args=[spec.name, "report.md"])).status_code == 404
