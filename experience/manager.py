@@ -397,21 +397,22 @@ class ExperienceManager:
     # ---- merge ---------------------------------------------------------------------------------------
 
     def merge(self, scope: str, merge_fn: MergeFn, *, step: int) -> MergeReport:
-        """One pass over the scope's bank in chunks of ``merge_chunk``, oldest first.
+        """One pass over the scope's bank in chunks of ``merge_chunk`` entries, oldest first.
 
-        A chunk's merged or rewritten entries are carried into the next chunk (up to chunk − 1 of them),
-        so the window slides over the whole bank with bounded context. ``merge_fn`` runs without any lock
-        (it is an LLM call); its plan is applied under the writer lock, atomically, only if no entry of
-        the chunk changed meanwhile.
+        A chunk's merged or rewritten entries are carried into the next chunk, on top of its own
+        ``merge_chunk`` entries (up to chunk − 1 of them, so a call sees at most 2·chunk − 1 entries): the
+        window slides over the whole bank with bounded context, and a pass is ⌈size / chunk⌉ calls
+        whatever πϕ answers, as in the authors' code (``_merge_single_task`` splits the entries first,
+        then appends each chunk's outputs to the next). ``merge_fn`` runs without any lock (it is an LLM
+        call); its plan is applied under the writer lock, atomically, only if no entry of the chunk
+        changed meanwhile.
         """
         ids = list(Experience.objects.in_bank(self.run_id, scope).order_by("id").values_list("id", flat=True))
         report = MergeReport(scope=scope)
         carried: list[int] = []
-        pos = chunk_index = 0
-        while pos < len(ids):
-            take = self.merge_chunk - len(carried)
-            chunk = self.entries(carried + ids[pos : pos + take])
-            pos += take
+        chunk_index = 0
+        for pos in range(0, len(ids), self.merge_chunk):
+            chunk = self.entries(carried + ids[pos : pos + self.merge_chunk])
             if not chunk:
                 continue
             plan = merge_fn(chunk)

@@ -290,9 +290,9 @@ def test_merge_carries_the_output_across_chunks_and_never_drops_a_pinned_entry(m
         return merge_all(chunk)
 
     report = manager.merge("alfworld", fn, step=5)
-    # 12 entries, N = 5: [e0..e4] -> m1; [m1, e5..e8] -> m2; [m2, e9..e11] -> m3
+    # 12 entries, N = 5: [e0..e4] -> m1; [m1, e5..e9] -> m2; [m2, e10, e11] -> m3
     assert chunks_seen[0] == ids[:5]
-    assert chunks_seen[1][1:] == ids[5:9] and chunks_seen[2][1:] == ids[9:]
+    assert chunks_seen[1][1:] == ids[5:10] and chunks_seen[2][1:] == ids[10:]
     m1, m2 = chunks_seen[1][0], chunks_seen[2][0]
     assert Merge.objects.get(pk=report.merge_ids[0]).carried == [m1]
     assert (report.chunks, report.created, report.removed) == (3, 3, 11 + 2)  # 11 originals, m1, m2
@@ -305,6 +305,21 @@ def test_merge_carries_the_output_across_chunks_and_never_drops_a_pinned_entry(m
     merge = Merge.objects.get(pk=report.merge_ids[0])
     assert merge.decision == Merge.Decision.CHANGED and merge.step == 5
     assert [i["id"] for i in merge.inputs] == ids[:5] and merge.outputs == [m1]
+
+
+def test_a_pass_that_rewrites_everything_is_still_one_call_per_chunk_of_the_bank(manager):
+    ids = add(manager, *LESSONS)
+    sizes = []
+
+    def rewrite_all(chunk):
+        sizes.append(len(chunk))
+        actions = tuple(MergeAction("rewrite", (e.id,), e.title, e.content + " Again.") for e in chunk)
+        return MergePlan(actions, raw="<rewrite/>")
+
+    report = manager.merge("alfworld", rewrite_all, step=5)
+    # each chunk's own 5 entries plus at most 4 carried: 5, 4 + 5, 4 + 2; ⌈12 / 5⌉ = 3 calls, not 12 - 4
+    assert sizes == [5, 9, 6] and report.chunks == 3 and report.rewritten == 20
+    assert manager.size("alfworld") == len(ids)
 
 
 def test_unparseable_or_invalid_merge_output_keeps_the_originals(manager):

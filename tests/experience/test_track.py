@@ -1,6 +1,6 @@
 """The extractor's background track over the real bank, the real SmolLM2 extractor and its engine: credits
-submitted while a merge pass runs are taken in between its chunks, not after the whole pass; a checkpoint
-keeps the unfinished work, and a resumed track does exactly what the lost one had not finished."""
+and episodes submitted while a merge pass runs are taken in between its chunks, not after the whole pass; a
+checkpoint keeps the unfinished work, and a resumed track does exactly what the lost one had not finished."""
 
 from __future__ import annotations
 
@@ -59,6 +59,33 @@ def test_credits_submitted_during_a_merge_pass_are_taken_between_its_chunks(mana
     assert len(credited_at_chunk) >= 2  # the premise: the pass had more than one chunk
     assert credited_at_chunk[0] == 0 and credited_at_chunk[1] == len(ids)
     assert track.counts["credited_generations"] >= 1
+
+
+def test_episodes_that_arrive_during_a_merge_pass_are_distilled_between_its_chunks(
+    manager, extractor, monkeypatch
+):
+    monkeypatch.setattr(manager, "merge_chunk", 2)
+    manager.apply([Add(SCOPE, t, c) for t, c in LESSONS], step=1)
+    track = ExtractorTrack(extractor, manager, CreditBuffer(8), scopes=[SCOPE])
+    distilled_at_chunk: list[float] = []
+    real_merge = extractor.merge_fn
+
+    def merge_while_the_actor_goes_on(chunk):
+        distilled_at_chunk.append(track.counts["distilled"])
+        if len(distilled_at_chunk) == 1:  # the actor finishes a step, and asks for the next merge
+            track.submit(2, [_episode(0), _episode(1)], [])
+            track.request_merge(2)
+            track.request_merge(3)  # a second request while the first still waits: the same pass
+        return real_merge(chunk)
+
+    monkeypatch.setattr(extractor, "merge_fn", merge_while_the_actor_goes_on)
+    try:
+        track.request_merge(1)
+        assert track.drain(timeout=600)
+    finally:
+        track.close(timeout=60)
+    assert distilled_at_chunk[:2] == [0, 2]  # not after the whole pass
+    assert track.counts["merges"] == 2 and track.counts["merges_coalesced"] == 1
 
 
 def _episode(n: int) -> DistilRequest:

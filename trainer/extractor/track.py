@@ -1,7 +1,7 @@
 """The background extractor track of the asynchronous dual loop (DESIGN §3.4).
 
 The actor's loop hands each step's finished episodes to ``ExtractorTrack.submit`` and asks for merges with
-``request_merge``; both only put an item on a queue and return. One background thread works the queue:
+``request_merge``; both only queue an item and return. One background thread does the work:
 
 1. credits: guided outcomes go to the store's counters and, through the generation behind each entry
    (and the episode's Search-and-Ask refinements), into the credit buffer;
@@ -11,10 +11,12 @@ The actor's loop hands each step's finished episodes to ``ExtractorTrack.submit`
 4. training: whenever the buffer is full (and the actor is past warm-up), one CISPO step, then πϕ's
    engine is synced and its weight version bumped.
 
-Credits and training do not wait their turn in the queue: the thread takes the credits submitted so far, and
-trains if the buffer is full, before every distillation batch and every merge chunk. A merge pass over a
-large bank is dozens of sequential πϕ calls (26 chunks, three actor steps, in a grid cell here); credit and
-CISPO steps queued behind it used to stall for as long.
+Nothing waits behind a merge pass. Episodes are distilled before any waiting merge, and before every chunk of
+a running one the thread takes the credits submitted so far, trains if the buffer is full, and distils the
+episodes that arrived meanwhile. A pass over a large bank is dozens of sequential πϕ calls (90 chunks and
+about ten actor steps for 300 entries in a grid cell here); everything queued behind it used to stall for as
+long, and the bank stopped growing. A merge requested while another still waits to start is the same pass
+(it reads the bank when it starts), so it is counted and dropped (``merges_coalesced``).
 
 An exception on the thread stops the track and is raised again on the actor's side at its next call, so a
 failure (a stale engine above all) is loud, never silent.
@@ -30,11 +32,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import queue
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,8 +151,13 @@ class ExtractorTrack:
         self.journal = TrackJournal(journal)
         self._keys = (f"{uuid.uuid4().hex[:8]}:{n}" for n in itertools.count())
         self._unfinished: dict[str, _Episodes | _Merge] = {}
-        self._queue: queue.Queue[_Episodes | _Merge | None] = queue.Queue()
+        self._episodes: deque[_Episodes] = deque()
+        self._merges: deque[_Merge] = deque()
+        self._outstanding = 0
+        """Items queued or under way (``drain`` waits for none)."""
+        self._closing = False
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self.update_lock = threading.Lock()
         """Held while πϕ's trainer state changes (credits, an update and its sync): hold it to read the
         weights, the optimiser and the credit buffer whole (a checkpoint)."""
@@ -171,12 +177,18 @@ class ExtractorTrack:
 
     def request_merge(self, step: int) -> None:
         self.check()
+        with self._lock:
+            if self._merges:  # one still waits to start: it reads the bank when it does
+                self.counts.update(merges_coalesced=1)
+                return
         self._enqueue(_Merge(next(self._keys), step))
 
     def _enqueue(self, item: _Episodes | _Merge) -> None:
-        with self._lock:
+        with self._wake:
             self._unfinished[item.key] = item
-        self._queue.put(item)
+            (self._episodes if isinstance(item, _Episodes) else self._merges).append(item)
+            self._outstanding += 1
+            self._wake.notify()
 
     def check(self) -> None:
         """Raise the track's error, if it stopped on one."""
@@ -186,7 +198,7 @@ class ExtractorTrack:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every queued item is done (tests, the end of a run); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks and self._error is None:
+        while self._outstanding and self._error is None:
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
@@ -194,8 +206,10 @@ class ExtractorTrack:
         return True
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish the queue and stop the thread."""
-        self._queue.put(None)
+        """Finish the queued work and stop the thread."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
         self._thread.join(timeout)
 
     def metrics(self) -> Metrics:
@@ -206,7 +220,8 @@ class ExtractorTrack:
             out |= self.last_update
         out |= self.extractor.snapshot_stats()
         out["extractor/weight_version"] = float(self.extractor.expected_version)
-        out["extractor/queue_depth"] = float(self._queue.qsize())
+        with self._lock:
+            out["extractor/queue_depth"] = float(len(self._episodes) + len(self._merges))
         out["extractor/buffer"] = float(len(self.buffer.pending))
         out["extractor/steps"] = float(self.buffer.steps_taken)
         out["bank/size"] = float(self.store.size())
@@ -260,27 +275,54 @@ class ExtractorTrack:
             self.counts.update(deltas)
 
     def _work(self) -> None:
-        while True:
-            item = self._queue.get()
+        try:
+            while (item := self._next()) is not None:
+                try:
+                    if self._error is None and not self.cancel.is_set():
+                        self._catch_up()
+                        self._do(item)
+                        self._maybe_train()
+                except Cancelled:
+                    pass  # the run stops; unfinished items stay in the checkpoint (see TrackJournal)
+                except BaseException as exc:  # noqa: BLE001 - re-raised on the actor's side by check()
+                    self._error = exc
+                finally:
+                    self._settle()
+        finally:
+            self.store.close_thread()
+
+    def _next(self, *, episodes_only: bool = False) -> _Episodes | _Merge | None:
+        """The next item, episodes before merges; None when closing and nothing is left (or, with
+        ``episodes_only``, when no episodes wait). Blocks only for the main loop."""
+        with self._wake:
+            while not episodes_only and not (self._episodes or self._merges or self._closing):
+                self._wake.wait()
+            if self._episodes:
+                return self._episodes.popleft()
+            if self._merges and not episodes_only:
+                return self._merges.popleft()
+            return None
+
+    def _do(self, item: _Episodes | _Merge) -> None:
+        if isinstance(item, _Episodes):
+            self._distil(item)
+        else:
+            self._merge(item)
+        with self._lock:
+            del self._unfinished[item.key]
+
+    def _settle(self) -> None:
+        """One item is over: done, dropped by a cancel, or stopped by an error."""
+        with self._lock:
+            self._outstanding -= 1
+
+    def _distil_arrivals(self) -> None:
+        """Between a merge pass's chunks: the episodes that arrived since it started."""
+        while (item := self._next(episodes_only=True)) is not None:
             try:
-                if item is None:
-                    self.store.close_thread()
-                    return
-                if self._error is None and not self.cancel.is_set():
-                    self._catch_up()
-                    if isinstance(item, _Episodes):
-                        self._distil(item)
-                    else:
-                        self._merge(item)
-                    with self._lock:
-                        del self._unfinished[item.key]
-                    self._maybe_train()
-            except Cancelled:
-                pass  # the run stops; the item stays unfinished, and a resumed run does it (see TrackJournal)
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the actor's side by check()
-                self._error = exc
+                self._do(item)
             finally:
-                self._queue.task_done()
+                self._settle()
 
     def _catch_up(self) -> None:
         """Credit what the actor has submitted so far, and train if that filled the buffer."""
@@ -348,6 +390,8 @@ class ExtractorTrack:
 
         def remember(chunk):  # merged entries' generations are credited as merges
             self._catch_up()
+            self._distil_arrivals()
+            self.cancel.check()
             plan = merge_fn(chunk)
             if plan.generation is not None:
                 self._merge_keys.add(generation_key(plan.generation))
