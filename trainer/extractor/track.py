@@ -13,10 +13,10 @@ The actor's loop hands each step's finished episodes to ``ExtractorTrack.submit`
 
 Nothing waits behind a merge pass. Episodes are distilled before any waiting merge, and before every chunk of
 a running one the thread takes the credits submitted so far, trains if the buffer is full, and distils the
-episodes that arrived meanwhile. A pass over a large bank is dozens of sequential πϕ calls (90 chunks and
-about ten actor steps for 300 entries in a grid cell here); everything queued behind it used to stall for as
-long, and the bank stopped growing. A merge requested while another still waits to start is the same pass
-(it reads the bank when it starts), so it is counted and dropped (``merges_coalesced``).
+episodes that arrived meanwhile. A pass over a large bank is dozens of sequential πϕ calls (78 and 100, for
+more than five actor steps, at ~300 entries in a grid cell here); everything queued behind it used to stall
+for as long, and the bank stopped growing. A merge requested while another still waits to start is the
+same pass (it reads the bank when it starts), so it is counted and dropped (``merges_coalesced``).
 
 An exception on the thread stops the track and is raised again on the actor's side at its next call, so a
 failure (a stale engine above all) is loud, never silent.
