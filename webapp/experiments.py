@@ -79,9 +79,9 @@ def experiment_grid(experiment: Experiment, user) -> list[dict]:
     return rows
 
 
-def experiment_cells(experiment: Experiment, spec: ExperimentSpec) -> list[CellState]:
-    """Every cell of the grid with its run (None: not started yet)."""
-    runs = {r.cell: r for r in experiment.runs.all()}
+def experiment_cells(experiment: Experiment | None, spec: ExperimentSpec) -> list[CellState]:
+    """Every cell of the grid with its run (None: not started yet; every cell of an experiment not run)."""
+    runs = {r.cell: r for r in experiment.runs.all()} if experiment is not None else {}
     return [CellState(c, runs.get(c.key)) for c in spec.cells()]
 
 

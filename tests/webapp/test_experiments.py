@@ -201,6 +201,16 @@ def test_a_run_started_by_hand_in_a_cells_folder_is_adopted(user, experiment_fil
     assert Run.objects.filter(experiment__name=spec.name).count() == 1
 
 
+def test_the_status_of_an_experiment_never_run_lists_its_whole_grid(experiment_file):
+    out = io.StringIO()
+    call_command("experiment", "status", str(experiment_file), stdout=out)
+    lines = out.getvalue().splitlines()
+    assert "has not been run yet" in lines[0]
+    assert [line.split()[:3] for line in lines[1:]] == [
+        [cell, "not", "started"] for cell in ("grpo/s0", "complementary/s0", "grpo/s1", "complementary/s1")
+    ]
+
+
 def test_the_experiment_command_explains_a_bad_file(user, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\nmethods = ["ppo"]\n')
