@@ -217,6 +217,8 @@ def write_fake_grid(folder: Path, steps: int = 4) -> None:
                         "extractor/adv_abs_sum": 0.5 * step,
                         "extractor/clip_frac_sum": 0.0,
                         "extractor/distil_calls": 16 * step,
+                        "extractor/merges": step // 2,
+                        "extractor/merges_coalesced": 1 if step > 2 else 0,
                         "extractor/distil_tokens": 900 * step,
                         "extractor/update_s": 4.0 * step,
                     }
@@ -310,6 +312,8 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
     # the seed-mean of grpo's final success is 0.425 with a t-interval over its 2 seeds
     expected = t_interval([0.4, 0.45])
     assert f"{expected.mean:.3f} ± {expected.half_width:.3f}" in md
+    # merge passes finished and requests coalesced, at each experience run's last step (4): 2 (1)
+    assert "| passes (coalesced) |" in md and "| 2 (1) |" in md
 
 
 def test_results_load_in_method_order_with_their_last_rows(tmp_path):

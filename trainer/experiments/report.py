@@ -622,6 +622,8 @@ def extractor_rows(r: RunResult) -> dict[str, Any]:
         "mean_clip_frac": r.last_train("extractor/clip_frac_sum") / updates if updates else math.nan,
         "distil": r.last_train("extractor/distil_calls"),
         "merge": r.last_train("extractor/merge_calls"),
+        "merge_passes": r.last_train("extractor/merges"),
+        "merges_coalesced": r.last_train("extractor/merges_coalesced"),
         "refine": r.last_train("extractor/refine_calls"),
         "parse_failures": r.last_train("extractor/parse_failures"),
         "ops_add": r.last_train("extractor/ops_add"),
@@ -640,8 +642,9 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
         "## 4. What the extractor did",
         "",
         "CISPO steps taken, and those with non-zero advantages; per actor step after warm-up (target ≥ 0.5); "
-        "mean |Â| and clip fraction over its steps; calls of each job, parse failures, operations, "
-        "Search-and-Ask exchanges. Buffer fill per step: `extractor/buffer` in the metrics (plotted).",
+        "mean |Â| and clip fraction over its steps; calls of each job, merge passes finished (and requests "
+        "dropped because a pass was still waiting), parse failures, operations, Search-and-Ask exchanges. "
+        "Buffer fill per step: `extractor/buffer` in the metrics (plotted).",
         "",
     ]
     lines.append(
@@ -655,6 +658,7 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
                 "clip frac",
                 "distil",
                 "merge",
+                "passes (coalesced)",
                 "refine",
                 "parse failures",
                 "add",
@@ -672,6 +676,7 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
                     _fmt(x["mean_clip_frac"]),
                     _fmt(x["distil"], 0),
                     _fmt(x["merge"], 0),
+                    f"{_fmt(x['merge_passes'], 0)} ({_fmt(x['merges_coalesced'], 0)})",
                     _fmt(x["refine"], 0),
                     _fmt(x["parse_failures"], 0),
                     _fmt(x["ops_add"], 0),
