@@ -41,21 +41,11 @@ def test_credits_submitted_during_a_merge_pass_are_taken_between_its_chunks(mana
     results = manager.apply([Add(SCOPE, t, c, generation=written) for t, c in LESSONS], step=1)
     ids = [r.entry_id for r in results]
     track = ExtractorTrack(extractor, manager, CreditBuffer(8), scopes=[SCOPE])
-    credited_at_chunk: list[float] = []
-    real_merge = extractor.merge_fn
 
-    def merge_while_the_actor_goes_on(chunk):
-        credited_at_chunk.append(track.counts["credited"])
-        if len(credited_at_chunk) == 1:  # the actor finishes a step while πϕ plans the first chunk
-            track.submit(2, [], [Credit(f"ep-{i}", i % 2 == 0, entry_id=i) for i in ids])
-        return real_merge(chunk)
+    def finish_a_step(track):  # the actor finishes a step while πϕ plans the first chunk
+        track.submit(2, [], [Credit(f"ep-{i}", i % 2 == 0, entry_id=i) for i in ids])
 
-    monkeypatch.setattr(extractor, "merge_fn", merge_while_the_actor_goes_on)
-    try:
-        track.request_merge(1)
-        assert track.drain(timeout=600)
-    finally:
-        track.close(timeout=60)
+    credited_at_chunk = _merge_while_the_actor_goes_on(track, "credited", finish_a_step, monkeypatch)
     assert len(credited_at_chunk) >= 2  # the premise: the pass had more than one chunk
     assert credited_at_chunk[0] == 0 and credited_at_chunk[1] == len(ids)
     assert track.counts["credited_generations"] >= 1
@@ -67,25 +57,36 @@ def test_episodes_that_arrive_during_a_merge_pass_are_distilled_between_its_chun
     monkeypatch.setattr(manager, "merge_chunk", 2)
     manager.apply([Add(SCOPE, t, c) for t, c in LESSONS], step=1)
     track = ExtractorTrack(extractor, manager, CreditBuffer(8), scopes=[SCOPE])
-    distilled_at_chunk: list[float] = []
-    real_merge = extractor.merge_fn
 
-    def merge_while_the_actor_goes_on(chunk):
-        distilled_at_chunk.append(track.counts["distilled"])
-        if len(distilled_at_chunk) == 1:  # the actor finishes a step, and asks for the next merge
-            track.submit(2, [_episode(0), _episode(1)], [])
-            track.request_merge(2)
-            track.request_merge(3)  # a second request while the first still waits: the same pass
+    def finish_a_step(track):  # the actor finishes a step, and asks for the next merge
+        track.submit(2, [_episode(0), _episode(1)], [])
+        track.request_merge(2)
+        track.request_merge(3)  # a second request while the first still waits: the same pass
+
+    distilled_at_chunk = _merge_while_the_actor_goes_on(track, "distilled", finish_a_step, monkeypatch)
+    assert distilled_at_chunk[:2] == [0, 2]  # not after the whole pass
+    assert track.counts["merges"] == 2 and track.counts["merges_coalesced"] == 1
+
+
+def _merge_while_the_actor_goes_on(track, counter, during_first_chunk, monkeypatch) -> list[float]:
+    """One merge pass on ``track`` whose first chunk runs ``during_first_chunk(track)``; returns
+    ``track.counts[counter]`` as each chunk started."""
+    at_chunk: list[float] = []
+    real_merge = track.extractor.merge_fn
+
+    def merge(chunk):
+        at_chunk.append(track.counts[counter])
+        if len(at_chunk) == 1:
+            during_first_chunk(track)
         return real_merge(chunk)
 
-    monkeypatch.setattr(extractor, "merge_fn", merge_while_the_actor_goes_on)
+    monkeypatch.setattr(track.extractor, "merge_fn", merge)
     try:
         track.request_merge(1)
         assert track.drain(timeout=600)
     finally:
         track.close(timeout=60)
-    assert distilled_at_chunk[:2] == [0, 2]  # not after the whole pass
-    assert track.counts["merges"] == 2 and track.counts["merges_coalesced"] == 1
+    return at_chunk
 
 
 def _episode(n: int) -> DistilRequest:
