@@ -314,6 +314,8 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
     assert f"{expected.mean:.3f} ± {expected.half_width:.3f}" in md
     # merge passes finished and requests coalesced, at each experience run's last step (4): 2 (1)
     assert "| passes (coalesced) |" in md and "| 2 (1) |" in md
+    # the criterion over the arm: 3 CISPO steps with signal in each run's 3 steps after its 1 warm-up step
+    assert "- complementary: 6 CISPO steps with signal over 6 actor steps after warm-up = 1.00 pooled" in md
 
 
 def test_results_load_in_method_order_with_their_last_rows(tmp_path):

@@ -609,14 +609,19 @@ def quality_section(runs: Sequence[RunResult], out: Path) -> str:
 # ---- 4. the extractor ---------------------------------------------------------------------------------
 
 
+def steps_after_warmup(r: RunResult) -> int:
+    return max(max(r.train, default=0) - r.warmup, 0)
+
+
 def extractor_rows(r: RunResult) -> dict[str, Any]:
     updates = r.last_train("extractor/updates")
     signal = r.last_train("extractor/updates_with_signal")
-    after = max(max(r.train, default=0) - r.warmup, 0)
+    after = steps_after_warmup(r)
     return {
         "run": r.slug,
         "cispo_steps": updates,
         "with_signal": signal,
+        "steps_after_warmup": after,
         "signal_per_actor_step": signal / after if after else math.nan,
         "mean_adv_abs": r.last_train("extractor/adv_abs_sum") / updates if updates else math.nan,
         "mean_clip_frac": r.last_train("extractor/clip_frac_sum") / updates if updates else math.nan,
@@ -688,6 +693,7 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
             ],
         )
     )
+    lines += ["", *signal_rate_lines(rs)]
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
     for r in rs:
@@ -700,6 +706,23 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
     axes[1].legend(fontsize=7)
     _save(fig, out / "extractor.png")
     return "\n".join([*lines, "", "![extractor](extractor.png)", ""])
+
+
+def signal_rate_lines(rs: Sequence[RunResult]) -> list[str]:
+    """Per arm, the criterion over all its runs: CISPO steps with signal per actor step after warm-up,
+    pooled (sum over sum) and as the mean of the runs' rates with its t-interval over seeds."""
+    out = []
+    for arm, runs in by_arm(rs).items():
+        rows = [extractor_rows(r) for r in runs]
+        signal = sum(x["with_signal"] for x in rows)
+        after = sum(x["steps_after_warmup"] for x in rows)
+        rates = [x["signal_per_actor_step"] for x in rows if math.isfinite(x["signal_per_actor_step"])]
+        pooled = _fmt(signal / after, 2) if after else "–"
+        out.append(
+            f"- {arm}: {_fmt(signal, 0)} CISPO steps with signal over {after} actor steps after warm-up "
+            f"= {pooled} pooled; per run {t_interval(rates)} (mean ± 95% t over {len(rates)} runs)."
+        )
+    return out
 
 
 # ---- 5. cost ------------------------------------------------------------------------------------------
