@@ -22,7 +22,13 @@ from trainer.experiments.report import (
     merge_effects,
 )
 from trainer.experiments.spec import ExperimentSpec
-from trainer.experiments.stats import area_under_curve, steps_to_reach, t_interval, wilson_interval
+from trainer.experiments.stats import (
+    area_under_curve,
+    steps_to_reach,
+    t_interval,
+    welch_interval,
+    wilson_interval,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,6 +117,27 @@ def test_the_t_interval_is_scipys(values):
 def test_one_seed_has_no_interval():
     iv = t_interval([0.4])
     assert iv.mean == 0.4 and math.isnan(iv.low) and str(iv) == "0.400 (n=1)"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ([0.3, 0.27], [0.39, 0.72, 0.95]),
+        ([0.1, 0.2, 0.4], [0.5, 0.5, 0.6]),
+        ([0.9, 0.8, 0.85, 0.7], [0.2, 0.6]),
+    ],
+)
+def test_the_welch_interval_is_scipys(a, b):
+    iv = welch_interval(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert iv.mean == pytest.approx(sum(a) / len(a) - sum(b) / len(b))
+    assert (iv.low, iv.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+def test_a_difference_needs_two_seeds_each_and_equal_seeds_give_a_point():
+    assert math.isnan(welch_interval([0.4], [0.1, 0.2]).low)
+    iv = welch_interval([0.4, 0.4], [0.1, 0.1])
+    assert (iv.low, iv.mean, iv.high) == pytest.approx((0.3, 0.3, 0.3))
 
 
 @pytest.mark.parametrize(("k", "n"), [(0, 64), (5, 64), (32, 64), (64, 64), (7, 10)])
@@ -312,6 +339,19 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
     # the seed-mean of grpo's final success is 0.425 with a t-interval over its 2 seeds
     expected = t_interval([0.4, 0.45])
     assert f"{expected.mean:.3f} ± {expected.half_width:.3f}" in md
+    # differences: complementary's w/o column equals grpo's finals (0.4, 0.45), its w/ column is 0.48 in both
+    # seeds; with − without within complementary is 0.08 and 0.03 per run
+    assert "| complementary (without experience) − grpo | +0.000 | [" in md
+    w = welch_interval([0.48, 0.48], [0.4, 0.45])
+    assert (
+        f"| complementary (with experience) − grpo | +0.055 | [{w.low:+.3f}, {w.high:+.3f}] | no | 2 vs 2 |"
+        in md
+    )
+    g = t_interval([0.08, 0.03])
+    assert (
+        f"| complementary: with − without experience | +0.055 | [{g.low:+.3f}, {g.high:+.3f}] | no "
+        "| 2 paired |" in md
+    )
     # merge passes finished and requests coalesced, at each experience run's last step (4): 2 (1)
     assert "| passes (coalesced) |" in md and "| 2 (1) |" in md
     # the criterion over the arm: 3 CISPO steps with signal in each run's 3 steps after its 1 warm-up step

@@ -7,7 +7,8 @@ Reads ``<folder>/runs/<cell>/`` as ``webapp.experiments.export_results`` writes 
 
 1. eval success (with and without experience) vs step per arm: mean over seeds with a 95% t-band, each
    run's point with its Wilson interval over its eval episodes; area under the curve; steps to 50% / 75%;
-2. the paper's Table 1 layout (per env and average, with/without experience) as mean ± 95% CI;
+2. the paper's Table 1 layout (per env and average, with/without experience) as mean ± 95% CI, and the
+   differences: each arm minus the first (Welch), with minus without experience (paired per run);
 3. what the experience did: guided vs free training success; per entry, success when retrieved minus the
    free rollouts' success on the same task instances (usefulness); each merge pass's effect; the
    similarity of what was handed out; the bank's quality by a mechanical rule (``entry_quality``);
@@ -30,7 +31,14 @@ from typing import Any
 
 from trainer.config import METHODS
 from trainer.experiments.files import read_lines
-from trainer.experiments.stats import Interval, area_under_curve, steps_to_reach, t_interval, wilson_interval
+from trainer.experiments.stats import (
+    Interval,
+    area_under_curve,
+    steps_to_reach,
+    t_interval,
+    welch_interval,
+    wilson_interval,
+)
 
 WITH = "with_exp/"
 COLUMNS = (("", "without experience"), (WITH, "with experience"))
@@ -256,7 +264,7 @@ def table1_section(runs: Sequence[RunResult]) -> str:
         for name_key, _ in keys:
             for col, _ in COLUMNS:
                 key = f"eval/{col}{name_key}success"
-                finals = [r.eval_series(key)[1][-1] for r in rs if r.eval_series(key)[1]]
+                finals = final_values(rs, key)
                 row.append(str(t_interval(finals)) if finals else "–")
         rows.append(row)
     return "\n".join(
@@ -268,8 +276,65 @@ def table1_section(runs: Sequence[RunResult]) -> str:
             "",
             _table(header, rows),
             "",
+            differences_section(runs),
         ]
     )
+
+
+def final_values(rs: Sequence[RunResult], key: str) -> list[float]:
+    """Each run's value of ``key`` at its last eval that has it."""
+    return [values[-1] for r in rs if (values := r.eval_series(key)[1])]
+
+
+def differences_section(runs: Sequence[RunResult]) -> str:
+    """Final success of each arm's columns minus the first arm's (Welch, unpaired), and with − without
+    experience within an arm (paired per run)."""
+    arms = by_arm(runs)
+    reference, reference_runs = next(iter(arms.items()))
+    base = final_values(reference_runs, "eval/success")
+    rows = []
+    for arm, rs in list(arms.items())[1:]:
+        for col, label in COLUMNS:
+            values = final_values(rs, f"eval/{col}success")
+            if values and base:
+                iv = welch_interval(values, base)
+                rows.append(
+                    _difference_row(f"{arm} ({label}) − {reference}", iv, f"{len(values)} vs {len(base)}")
+                )
+    for arm, rs in arms.items():
+        gains = [row[f"eval/{WITH}success"] - row["eval/success"] for r in rs if (row := _last_with_both(r))]
+        if gains:
+            rows.append(
+                _difference_row(
+                    f"{arm}: with − without experience", t_interval(gains), f"{len(gains)} paired"
+                )
+            )
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            "### Differences in final success",
+            "",
+            f"Between arms: a column's final success minus {reference}'s, with Welch's 95% t-interval (seeds "
+            "unpaired, variances unequal). Within an arm: with minus without experience at the same eval of "
+            "the same run, with the 95% t-interval of the paired differences.",
+            "",
+            _table(["comparison", "difference", "95% interval", "excludes 0", "seeds"], rows),
+            "",
+        ]
+    )
+
+
+def _last_with_both(r: RunResult) -> dict[str, float] | None:
+    steps = [s for s, row in r.evals.items() if "eval/success" in row and f"eval/{WITH}success" in row]
+    return r.evals[max(steps)] if steps else None
+
+
+def _difference_row(label: str, iv: Interval, seeds: str) -> list[str]:
+    if math.isnan(iv.low):
+        return [label, f"{iv.mean:+.3f}", "–", "–", seeds]
+    excludes = "yes" if iv.low > 0 or iv.high < 0 else "no"
+    return [label, f"{iv.mean:+.3f}", f"[{iv.low:+.3f}, {iv.high:+.3f}]", excludes, seeds]
 
 
 # ---- 3. what the experience did ---------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Intervals for experiment reports: Student-t over seeds, Wilson over one run's eval episodes.
+"""Intervals for experiment reports: Student-t over seeds, Welch's t for a difference between two arms, Wilson
+over one run's eval episodes.
 
 Every function takes plain numbers and returns plain floats, so a report can be rebuilt from committed
 metrics files; ``tests/trainer/test_experiments.py`` checks them against ``scipy.stats`` itself.
@@ -39,9 +40,32 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     mean = sum(values) / n
     if n < 2:
         return Interval(mean, math.nan, math.nan, n)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    sd = math.sqrt(_sample_variance(values))
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Interval:
+    """mean(a) − mean(b) with Welch's t-interval (unpaired, unequal variances: two arms' seeds); under two
+    values on either side there is none (low = high = nan)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    diff = sum(a) / len(a) - sum(b) / len(b)
+    if n < 2:
+        return Interval(diff, math.nan, math.nan, n)
+    var_a, var_b = (_sample_variance(v) / len(v) for v in (a, b))
+    se = math.sqrt(var_a + var_b)
+    if se == 0:
+        return Interval(diff, diff, diff, n)
+    df = se**4 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
+    return Interval(diff, diff - half, diff + half, n)
+
+
+def _sample_variance(values: Sequence[float]) -> float:
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / (len(values) - 1)
 
 
 def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> Interval:
