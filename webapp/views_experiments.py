@@ -6,6 +6,9 @@ import mimetypes
 
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
+from django.utils.safestring import SafeString, mark_safe
+from markdown_it import MarkdownIt
 
 from webapp.experiments import experiment_grid, results_dir
 from webapp.selectors import experiment_get, experiment_list
@@ -24,9 +27,22 @@ def experiment_detail(request: HttpRequest, name: str) -> HttpResponse:
     context = {
         "experiment": experiment,
         "grid": experiment_grid(experiment, request.user),
-        "report": report.read_text(encoding="utf-8") if report.exists() else "",
+        "report": report_html(report.read_text(encoding="utf-8"), experiment.name) if report.exists() else "",
     }
     return render(request, "webapp/experiment_detail.html", context)
+
+
+def report_html(markdown: str, name: str) -> SafeString:
+    """report.md as HTML: raw HTML in it is escaped (entry titles are model output), tables rendered, and its
+    plots (bare ``*.png`` names) point at ``experiment_report_file``."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(markdown)
+    for token in tokens:
+        for child in token.children or []:
+            src = str(child.attrGet("src") or "")
+            if child.type == "image" and src.endswith(".png") and "/" not in src:
+                child.attrSet("src", reverse("experiment_report_file", args=[name, src]))
+    return mark_safe(md.renderer.render(tokens, md.options, {}))  # noqa: S308 - markdown-it escaped it
 
 
 def experiment_report_file(request: HttpRequest, name: str, filename: str) -> HttpResponse:

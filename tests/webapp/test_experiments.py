@@ -239,3 +239,21 @@ def test_experiment_pages_show_the_grid_and_hide_others_private_runs(
     assert client.get(reverse("experiment_report_file", args=[spec.name, "report.md"])).status_code == 404
     assert client.get(f"/experiments/{spec.name}/report/..%2F..%2Fsecret").status_code == 404
     assert client.get(f"/experiments/{spec.name}/report/config.json").status_code == 404
+
+
+def test_the_report_renders_with_tables_and_plots_and_model_text_escaped(client, user, experiment_file):
+    spec = ExperimentSpec.from_file(experiment_file)
+    Experiment.objects.create(name=spec.name, owner=user, spec=spec.to_dict())
+    report = results_dir(spec.name) / "report"
+    report.mkdir(parents=True)
+    (report / "report.md").write_text(
+        "# Experiment\n\n| entry | title |\n|---|---|\n| 7 | <script>alert(1)</script> |\n\n"
+        "![eval success](eval_success.png)\n\n[bad](javascript:alert(2))\n"
+    )
+    client.force_login(user)
+    page = client.get(reverse("experiment_detail", args=[spec.name])).content.decode()
+    assert "<table>" in page and "<td>7</td>" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page
+    plot = reverse("experiment_report_file", args=[spec.name, "eval_success.png"])
+    assert f'<img src="{plot}" alt="eval success"' in page
+    assert 'href="javascript:' not in page

@@ -158,7 +158,7 @@ def eval_section(runs: Sequence[RunResult], out: Path) -> tuple[str, list[dict[s
         "Greedy episodes on the frozen eval split. Mean over seeds ± the 95% Student-t half-width "
         "(n = seeds); AUC = area under the success curve over the run's step range (its mean success); "
         "steps to 50% / 75% from the seed-mean curve. Per run, the Wilson 95% interval over its eval "
-        "episodes."
+        "episodes. The plot clips the bands to [0, 1]."
     )
     rows, summary = [], []
     for arm, rs in arms.items():
@@ -229,20 +229,21 @@ def _plot_eval(arms: dict[str, list[RunResult]], path: Path) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, (col, label) in zip(axes, COLUMNS, strict=True):
-        for arm, rs in arms.items():
+        for i, (arm, rs) in enumerate(arms.items()):  # one colour per arm in both panels
             steps, ivs = curve(rs, f"eval/{col}success")
             if not steps:
                 continue
-            means = [iv.mean for iv in ivs]
-            (line,) = ax.plot(steps, means, marker="o", label=f"{arm} (n={len(rs)})")
-            lows = [iv.low if math.isfinite(iv.low) else iv.mean for iv in ivs]
-            highs = [iv.high if math.isfinite(iv.high) else iv.mean for iv in ivs]
-            ax.fill_between(steps, lows, highs, alpha=0.2, color=line.get_color())
+            color = f"C{i}"
+            ax.plot(steps, [iv.mean for iv in ivs], marker="o", color=color, label=f"{arm} (n={len(rs)})")
+            lows = [max(0.0, iv.low) if math.isfinite(iv.low) else iv.mean for iv in ivs]
+            highs = [min(1.0, iv.high) if math.isfinite(iv.high) else iv.mean for iv in ivs]
+            ax.fill_between(steps, lows, highs, alpha=0.2, color=color)
         ax.set_title(f"eval success, {label}")
         _step_axis(ax)
         ax.set_ylim(-0.05, 1.05)
-    axes[0].set_ylabel("success (mean over seeds, 95% t-band)")
-    axes[0].legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    axes[0].set_ylabel("success (seed mean, 95% t-band)")
     _save(fig, path)
 
 
