@@ -43,9 +43,13 @@ def fresh_var():
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def manage(env: dict, *args: str) -> str:
-    done = subprocess.run(
+def run_manage(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
+
+
+def manage(env: dict, *args: str) -> str:
+    done = run_manage(env, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

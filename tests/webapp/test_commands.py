@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from tests.webapp.conftest import manage
+from tests.webapp.conftest import manage, run_manage
 
 
 def _pg(env: dict) -> psycopg.Connection:
@@ -32,3 +32,24 @@ def test_stopping_and_restarting_the_services_keeps_the_data(fresh_var):
     with _pg(fresh_var) as conn:
         assert conn.execute("SELECT note FROM kept").fetchone() == ("still here",)
     assert r.get("kept") == b"also here"
+
+
+def _manage_refused(env: dict, *args: str) -> str:
+    done = run_manage(env, *args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stderr
+
+
+def test_a_command_without_its_database_says_what_to_run(fresh_var):
+    experiment = "configs/experiments/room-5x5.toml"
+    assert "services start" in _manage_refused(fresh_var, "experiment", "status", experiment)
+    assert "services start" in _manage_refused(fresh_var, "export_run", "1")
+
+    manage(fresh_var, "services", "start")
+    unmigrated = _manage_refused(fresh_var, "experiment", "status", experiment)
+    assert "manage.py migrate" in unmigrated and "lacks" in unmigrated
+    assert "manage.py migrate" in _manage_refused(fresh_var, "export_run", "1")
+
+    manage(fresh_var, "migrate", "-v0")
+    assert "has not been run yet" in manage(fresh_var, "experiment", "status", experiment)

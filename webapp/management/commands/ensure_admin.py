@@ -2,12 +2,12 @@ import os
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
 
 from trainer.paths import var_dir
+from webapp.management.database import DatabaseCommand
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Make sure an admin account exists. Username/password come from STUDIO_ADMIN_USER / "
         "STUDIO_ADMIN_PASSWORD, else 'admin' with a generated password printed once and kept in "

@@ -3,14 +3,15 @@ from __future__ import annotations
 from contextlib import ExitStack
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from trainer.checkpoint import read_checkpoint
 from trainer.envs import make_mixture
+from webapp.management.database import DatabaseCommand
 from webapp.models import Run
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Evaluate a checkpoint on its env's frozen eval split: success rate and mean actions without "
         "experience, and with experience from a run's bank (--bank RUN_ID, default: the run that wrote the "

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from trainer.config import ConfigError
 from trainer.experiments.spec import ExperimentSpec
+from webapp.management.database import require_database
 
 
 class Command(BaseCommand):
@@ -53,6 +54,7 @@ class Command(BaseCommand):
         from webapp.experiments import experiment_run
 
         spec = ExperimentSpec.from_file(options["file"])
+        require_database()
         owner = get_user_model().objects.filter(username=options["owner"]).first()
         if owner is None:
             raise CommandError(
@@ -75,6 +77,7 @@ class Command(BaseCommand):
         from webapp.models import Experiment
 
         spec = ExperimentSpec.from_file(options["file"])
+        require_database()
         experiment = Experiment.objects.filter(name=spec.name).first()
         if experiment is None:
             self._say(f"experiment {spec.name!r} has not been run yet: experiment run {options['file']}")

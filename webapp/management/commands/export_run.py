@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from trainer.paths import var_dir
 from trainer.trackers import (
@@ -13,12 +13,13 @@ from trainer.trackers import (
     export_tensorboard,
     export_wandb_offline,
 )
+from webapp.management.database import DatabaseCommand
 from webapp.models import MetricRow, Run
 
 FORMATS = ("tensorboard", "wandb-offline", "csv")
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Export a finished run's metrics (its rows in the database) for the trackers people already use: "
         "TensorBoard event files (view with `tensorboard --logdir DIR`), a W&B offline run (needs the wandb "

@@ -5,13 +5,14 @@ import socket
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from trainer.config import ConfigError
 from trainer.train import add_arguments, config_from_args, run_from_args
+from webapp.management.database import DatabaseCommand
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Train headless: manage.py train --config cpu --env MiniHack-Room-5x5 --method complementary "
         "--steps 20 [--set actor.lr=2e-5 ...] [--resume RUN_OR_CHECKPOINT] [--out DIR]. Prints a progress "

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from webapp.management.database import DatabaseCommand
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Internal: train a run its supervisor has claimed (the training process of a worker or of "
         "'experiment run --here'; see webapp/supervisor.py). To train by hand, use 'manage.py train'."
