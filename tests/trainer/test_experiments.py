@@ -228,7 +228,7 @@ def write_fake_grid(folder: Path, steps: int = 4) -> None:
                 row = {
                     "kind": "step",
                     "step": step,
-                    "train/success": 0.2,
+                    "train/success": 0.25 * (step - 1) + 0.1 * seed,
                     "time/step_s": 30.0,
                     "time/rollout_s": 10.0,
                     "time/backward_s": 15.0,
@@ -352,6 +352,10 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
         f"| complementary: with − without experience | +0.055 | [{g.low:+.3f}, {g.high:+.3f}] | no "
         "| 2 paired |" in md
     )
+    # how soon training succeeds: seed 0 at 0, .25, .5, .75 over steps 1-4; seed 1 at .1, .35, .6, .85
+    first = t_interval([2, 1])
+    assert f"| grpo | {first.mean:.1f} ± {first.half_width:.1f} (2/2) | 3.0 ± 0.0 (2/2) | never (0/2) |" in md
+    assert "| complementary-s0 | 2 | 3 | – |" in md and "| complementary-s1 | 1 | 3 | – |" in md
     # merge passes finished and requests coalesced, at each experience run's last step (4): 2 (1)
     assert "| passes (coalesced) |" in md and "| 2 (1) |" in md
     # the criterion over the arm: 3 CISPO steps with signal in each run's 3 steps after its 1 warm-up step

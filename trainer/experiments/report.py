@@ -221,8 +221,46 @@ def eval_section(runs: Sequence[RunResult], out: Path) -> tuple[str, list[dict[s
             )
     lines += [_table(["run", "column", "step", "success", "Wilson 95%", "episodes", "AUC"], per_run)]
     _plot_eval(arms, out / "eval_success.png")
-    lines += ["", "![eval success](eval_success.png)", ""]
+    lines += ["", "![eval success](eval_success.png)", "", training_speed_section(runs)]
     return "\n".join(lines), summary
+
+
+# the first training step whose success (over all K rollouts of its tasks) reaches each mark
+TRAINING_MARKS = (("first success", 1e-9), ("training success ≥ 50%", 0.5), ("training success ≥ 90%", 0.9))
+
+
+def first_steps(r: RunResult) -> list[int | None]:
+    steps, values = r.train_series("train/success")
+    return [steps_to_reach(steps, values, mark) for _, mark in TRAINING_MARKS]
+
+
+def training_speed_section(runs: Sequence[RunResult]) -> str:
+    labels = [label for label, _ in TRAINING_MARKS]
+    arm_rows = [
+        [arm, *map(_reached_by, zip(*(first_steps(r) for r in rs), strict=True))]
+        for arm, rs in by_arm(runs).items()
+    ]
+    return "\n".join(
+        [
+            "### How soon training succeeds",
+            "",
+            "The first training step whose success over all its rollouts reaches each mark: mean ± 95% t "
+            "over the seeds that reached it (how many did, of all). Where a reward is sparse, the first "
+            "success is where GRPO's signal starts.",
+            "",
+            _table(["arm", *labels], arm_rows),
+            "",
+            _table(["run", *labels], [[r.slug, *(_fmt(s, 0) for s in first_steps(r))] for r in runs]),
+            "",
+        ]
+    )
+
+
+def _reached_by(first: Sequence[int | None]) -> str:
+    steps = [s for s in first if s is not None]
+    if len(steps) < 2:
+        return f"{steps[0] if steps else 'never'} ({len(steps)}/{len(first)})"
+    return f"{t_interval(steps).format(1)} ({len(steps)}/{len(first)})"
 
 
 def _plot_eval(arms: dict[str, list[RunResult]], path: Path) -> None:

@@ -26,9 +26,12 @@ class Interval:
         return (self.high - self.low) / 2
 
     def __str__(self) -> str:
+        return self.format(3)
+
+    def format(self, digits: int) -> str:
         if self.n < 2 or not math.isfinite(self.half_width):
-            return f"{self.mean:.3f} (n={self.n})"
-        return f"{self.mean:.3f} ± {self.half_width:.3f}"
+            return f"{self.mean:.{digits}f} (n={self.n})"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
