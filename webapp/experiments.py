@@ -48,10 +48,13 @@ def cell_dir(name: str, cell: Cell) -> Path:
 class CellState:
     cell: Cell
     run: Run | None
+    committed: Path | None = None
 
     @property
     def status(self) -> str:
-        return self.run.display_status if self.run else "not started"
+        if self.run:
+            return self.run.display_status
+        return "succeeded (committed results)" if self.committed else "not started"
 
 
 def experiment_sync(spec: ExperimentSpec, owner, *, shared: bool = True) -> Experiment:
@@ -82,7 +85,26 @@ def experiment_grid(experiment: Experiment, user) -> list[dict]:
 def experiment_cells(experiment: Experiment | None, spec: ExperimentSpec) -> list[CellState]:
     """Every cell of the grid with its run (None: not started yet; every cell of an experiment not run)."""
     runs = {r.cell: r for r in experiment.runs.all()} if experiment is not None else {}
-    return [CellState(c, runs.get(c.key)) for c in spec.cells()]
+    cells = spec.cells()
+    return [CellState(c, runs.get(c.key), _committed_unless(c.key in runs, spec.name, c)) for c in cells]
+
+
+def _committed_unless(has_run: bool, name: str, cell: Cell) -> Path | None:
+    return None if has_run else committed_cell(name, cell)
+
+
+def committed_cell(name: str, cell: Cell) -> Path | None:
+    """The result folder of ``cell`` when it holds a finished run under the cell's config: results committed
+    on a machine whose database is gone (``var/`` does not travel; ``docs/experiments`` does)."""
+    folder = results_dir(name) / "runs" / cell.slug
+    try:
+        record = json.loads((folder / "cell.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("status") != Run.Status.SUCCEEDED or _drift(config, cell):
+        return None
+    return folder
 
 
 def cell_run(experiment: Experiment, cell: Cell, owner, *, launch_token: str = "") -> Run:
@@ -133,9 +155,13 @@ def config_drift(run: Run, cell: Cell) -> str:
     """How the config a cell's run was started under differs from the cell's config in the file now ("" if
     it does not): a run's results compare with its neighbours' only under the same config. A method without
     experience (grpo) never reads the extractor's and the bank's settings, so their changes do not count."""
+    return _drift(run.config, cell)
+
+
+def _drift(config: dict, cell: Cell) -> str:
     from trainer.checkpoint import config_changes
 
-    changes = config_changes(run.config, cell.config.to_dict())
+    changes = config_changes(config, cell.config.to_dict())
     if not cell.config.uses_experience:
         changes = [c for c in changes if not c[0].startswith(("extractor.", "experience."))]
     return "; ".join(f"{key}: {then!r} then, {now!r} now" for key, then, now in changes)
@@ -210,8 +236,13 @@ def experiment_run(
     for cell in spec.cells():
         if wanted and cell.key not in wanted and cell.arm not in wanted:
             continue
+        fresh = cell.key not in again and cell.arm not in again
+        has_run = experiment.runs.filter(cell=cell.key).exists()
+        if fresh and (done := _committed_unless(has_run, spec.name, cell)):
+            say(f"{cell.key}: done (results committed in {done}; this database has no run of it)")
+            continue
         run = cell_run(experiment, cell, owner, launch_token=launch_token)
-        if cell.key in again or cell.arm in again:
+        if not fresh:
             old = cell_restart(run)
             say(f"{cell.key}: run {old.pk} set aside as {old.name!r} ({old.checkpoint_dir})")
             run = cell_run(experiment, cell, owner, launch_token=launch_token)

@@ -201,6 +201,34 @@ def test_a_run_started_by_hand_in_a_cells_folder_is_adopted(user, experiment_fil
     assert Run.objects.filter(experiment__name=spec.name).count() == 1
 
 
+def test_cells_whose_results_are_committed_count_as_done_in_a_new_database(
+    user, experiment_file, monkeypatch
+):
+    """var/ (database, checkpoints) stays on its machine; docs/experiments travels with the repository."""
+    queued: list[int] = []
+    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    spec = ExperimentSpec.from_file(experiment_file)
+    cells = {c.key: c for c in spec.cells()}
+    for key, lr in (("grpo/s0", None), ("grpo/s1", 0.5)):  # s1's results were made under another lr
+        folder = results_dir(spec.name) / "runs" / cells[key].slug
+        folder.mkdir(parents=True)
+        config = cells[key].config.to_dict()
+        config["actor"]["lr"] = lr or config["actor"]["lr"]
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "cell.json").write_text(json.dumps({"cell": key, "status": "succeeded"}))
+
+    said: list[str] = []
+    experiment_run(spec, user, only=["grpo"], say=said.append)
+    assert said[0].startswith("grpo/s0: done (results committed in") and "queued" in said[1]
+    runs = Run.objects.filter(experiment__name=spec.name)
+    assert [r.cell for r in runs] == ["grpo/s1"] and queued == [runs[0].pk]
+    out = io.StringIO()
+    call_command("experiment", "status", str(experiment_file), stdout=out)
+    status = {line.split()[0]: line for line in out.getvalue().splitlines()}
+    assert "succeeded (committed results)" in status["grpo/s0"] and "queued" in status["grpo/s1"]
+    assert "not started" in status["complementary/s0"]
+
+
 def test_the_status_of_an_experiment_never_run_lists_its_whole_grid(experiment_file):
     out = io.StringIO()
     call_command("experiment", "status", str(experiment_file), stdout=out)

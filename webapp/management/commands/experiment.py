@@ -80,7 +80,10 @@ class Command(BaseCommand):
         require_database()
         experiment = Experiment.objects.filter(name=spec.name).first()
         if experiment is None:
-            self._say(f"experiment {spec.name!r} has not been run yet: experiment run {options['file']}")
+            self._say(
+                f"experiment {spec.name!r} has not been run yet in this database: "
+                f"experiment run {options['file']}"
+            )
         for state in experiment_cells(experiment, spec):
             run = state.run
             where = f"run {run.pk}, step {run.step}/{state.cell.config.steps}" if run else ""
