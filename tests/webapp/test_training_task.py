@@ -103,9 +103,10 @@ def test_cancelling_a_run_mid_rollout_stops_it_within_seconds_and_gives_the_memo
 ):
     worker = _worker_process(celery_worker)
     idle_mb = _settled_rss_mb(worker)  # after its start-up (the embedder loads in the background)
-    # a long rollout (evaluation first, then training): up to 100 turns an episode, each turn one short engine
-    # call (2 episodes, 8 tokens), so a cancel waits for at most one such call
-    run = make_run(steps=5, eval_episodes=2, **{"rollout.turn_limit": 100, "rollout.max_new_tokens": 8})
+    # a long rollout (evaluation first, then training): up to 300 turns an episode, each turn one short engine
+    # call (8 episodes, 8 tokens), so a cancel waits for at most one such call; the evaluation has to outlast
+    # the 15 s below on a quiet machine too (2 episodes of 100 turns did not: step 1 had finished)
+    run = make_run(steps=5, eval_episodes=8, **{"rollout.turn_limit": 300, "rollout.max_new_tokens": 8})
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
     log = run_dir(run) / "log.txt"
     wait_for(lambda: log.exists() and "training: starting" in log.read_text(), 600, "the first rollout")
