@@ -85,12 +85,11 @@ def experiment_grid(experiment: Experiment, user) -> list[dict]:
 def experiment_cells(experiment: Experiment | None, spec: ExperimentSpec) -> list[CellState]:
     """Every cell of the grid with its run (None: not started yet; every cell of an experiment not run)."""
     runs = {r.cell: r for r in experiment.runs.all()} if experiment is not None else {}
-    cells = spec.cells()
-    return [CellState(c, runs.get(c.key), _committed_unless(c.key in runs, spec.name, c)) for c in cells]
-
-
-def _committed_unless(has_run: bool, name: str, cell: Cell) -> Path | None:
-    return None if has_run else committed_cell(name, cell)
+    states = [CellState(c, runs.get(c.key)) for c in spec.cells()]
+    for state in states:
+        if state.run is None:
+            state.committed = committed_cell(spec.name, state.cell)
+    return states
 
 
 def committed_cell(name: str, cell: Cell) -> Path | None:
@@ -233,13 +232,13 @@ def experiment_run(
 
     experiment = experiment_sync(spec, owner, shared=shared)
     wanted, again = set(only), set(restart)
-    for cell in spec.cells():
+    for state in experiment_cells(experiment, spec):
+        cell = state.cell
         if wanted and cell.key not in wanted and cell.arm not in wanted:
             continue
         fresh = cell.key not in again and cell.arm not in again
-        has_run = experiment.runs.filter(cell=cell.key).exists()
-        if fresh and (done := _committed_unless(has_run, spec.name, cell)):
-            say(f"{cell.key}: done (results committed in {done}; this database has no run of it)")
+        if fresh and state.committed:
+            say(f"{cell.key}: done (results committed in {state.committed}; this database has no run of it)")
             continue
         run = cell_run(experiment, cell, owner, launch_token=launch_token)
         if not fresh:

@@ -201,9 +201,7 @@ def test_a_run_started_by_hand_in_a_cells_folder_is_adopted(user, experiment_fil
     assert Run.objects.filter(experiment__name=spec.name).count() == 1
 
 
-def test_cells_whose_results_are_committed_count_as_done_in_a_new_database(
-    user, experiment_file, monkeypatch
-):
+def test_committed_results_count_as_done_in_a_new_database(user, experiment_file, monkeypatch):
     """var/ (database, checkpoints) stays on its machine; docs/experiments travels with the repository."""
     queued: list[int] = []
     monkeypatch.setattr("webapp.services._enqueue", queued.append)
