@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from trainer.config import ConfigError
 from trainer.experiments.files import FAILURES_FILE, last_attempt, read_lines, write_lines
 from trainer.experiments.spec import Cell, ExperimentSpec
 from trainer.paths import var_dir
@@ -68,18 +69,32 @@ def experiment_sync(spec: ExperimentSpec, owner, *, shared: bool = True) -> Expe
 
 def experiment_grid(experiment: Experiment, user) -> list[dict]:
     """The page's grid from the stored spec: one row per arm, one cell per seed, each with its run if this
-    user may see it (a hidden run shows as its state only)."""
+    user may see it (a hidden run shows as its state only) or, without a run here, whether its finished
+    results are committed."""
     spec = experiment.spec
     runs = {r.cell: r for r in experiment.runs.all()}
     visible = set(Run.objects.visible_to(user).filter(experiment=experiment).values_list("pk", flat=True))
+    committed = committed_cells(experiment)
     rows = []
     for arm in experiment.arms:
         cells = []
         for seed in spec.get("seeds", []):
-            run = runs.get(f"{arm}/s{seed}")
-            cells.append({"seed": seed, "run": run, "visible": run is not None and run.pk in visible})
+            key = f"{arm}/s{seed}"
+            run = runs.get(key)
+            visible_run = run is not None and run.pk in visible
+            cells.append({"seed": seed, "run": run, "visible": visible_run, "committed": key in committed})
         rows.append({"arm": arm, "cells": cells})
     return rows
+
+
+def committed_cells(experiment: Experiment) -> set[str]:
+    """Keys of the cells that have no run in this database but finished results committed under their
+    config (``committed_cell``). Empty where the stored grid is one this code can no longer read."""
+    try:
+        spec = ExperimentSpec.from_stored(experiment.spec)
+    except ConfigError:
+        return set()
+    return {s.cell.key for s in experiment_cells(experiment, spec) if s.committed}
 
 
 def experiment_cells(experiment: Experiment | None, spec: ExperimentSpec) -> list[CellState]:

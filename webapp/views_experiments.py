@@ -10,14 +10,17 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
-from webapp.experiments import experiment_grid, results_dir
+from webapp.experiments import committed_cells, experiment_grid, results_dir
 from webapp.selectors import experiment_get, experiment_list
 
 REPORT_FILES = {"report.md", "summary.csv"}
 
 
 def experiments(request: HttpRequest) -> HttpResponse:
-    return render(request, "webapp/experiments.html", {"experiments": experiment_list(request.user)})
+    rows = list(experiment_list(request.user))
+    for experiment in rows:  # cells finished on another machine count too
+        experiment.done += len(committed_cells(experiment))
+    return render(request, "webapp/experiments.html", {"experiments": rows})
 
 
 def experiment_detail(request: HttpRequest, name: str) -> HttpResponse:

@@ -201,19 +201,24 @@ def test_a_run_started_by_hand_in_a_cells_folder_is_adopted(user, experiment_fil
     assert Run.objects.filter(experiment__name=spec.name).count() == 1
 
 
+def commit_results(spec: ExperimentSpec, key: str, lr: float | None = None) -> None:
+    """Result files of a finished cell as another machine committed them (under ``lr`` if given)."""
+    cell = next(c for c in spec.cells() if c.key == key)
+    folder = results_dir(spec.name) / "runs" / cell.slug
+    folder.mkdir(parents=True)
+    config = cell.config.to_dict()
+    config["actor"]["lr"] = lr or config["actor"]["lr"]
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "cell.json").write_text(json.dumps({"cell": key, "status": "succeeded"}))
+
+
 def test_committed_results_count_as_done_in_a_new_database(user, experiment_file, monkeypatch):
     """var/ (database, checkpoints) stays on its machine; docs/experiments travels with the repository."""
     queued: list[int] = []
     monkeypatch.setattr("webapp.services._enqueue", queued.append)
     spec = ExperimentSpec.from_file(experiment_file)
-    cells = {c.key: c for c in spec.cells()}
-    for key, lr in (("grpo/s0", None), ("grpo/s1", 0.5)):  # s1's results were made under another lr
-        folder = results_dir(spec.name) / "runs" / cells[key].slug
-        folder.mkdir(parents=True)
-        config = cells[key].config.to_dict()
-        config["actor"]["lr"] = lr or config["actor"]["lr"]
-        (folder / "config.json").write_text(json.dumps(config))
-        (folder / "cell.json").write_text(json.dumps({"cell": key, "status": "succeeded"}))
+    commit_results(spec, "grpo/s0")
+    commit_results(spec, "grpo/s1", lr=0.5)  # made under another lr
 
     said: list[str] = []
     experiment_run(spec, user, only=["grpo"], say=said.append)
@@ -265,6 +270,18 @@ def test_experiment_pages_show_the_grid_and_hide_others_private_runs(
     assert client.get(reverse("experiment_report_file", args=[spec.name, "report.md"])).status_code == 404
     assert client.get(f"/experiments/{spec.name}/report/..%2F..%2Fsecret").status_code == 404
     assert client.get(f"/experiments/{spec.name}/report/config.json").status_code == 404
+
+
+def test_experiment_pages_count_and_show_committed_cells_without_runs(client, user, experiment_file):
+    spec = ExperimentSpec.from_file(experiment_file)
+    commit_results(spec, "grpo/s0")
+    commit_results(spec, "grpo/s1", lr=0.5)  # another config: not this grid's result
+    Experiment.objects.create(name=spec.name, owner=user, spec=spec.to_dict())
+    client.force_login(user)
+    assert "1 / 4" in client.get(reverse("experiments")).content.decode()
+    page = client.get(reverse("experiment_detail", args=[spec.name])).content.decode()
+    grid = page[page.index('id="experiment-grid"') : page.index("</table>")]
+    assert grid.count("results committed") == 1 and grid.count("not started") == 3
 
 
 def test_the_report_renders_with_tables_and_plots_and_model_text_escaped(client, user, experiment_file):

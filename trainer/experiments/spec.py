@@ -130,6 +130,14 @@ class ExperimentSpec:
         }
 
     @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> ExperimentSpec:
+        """The grid as ``to_dict`` stored it, for reading its cells' keys and configs: the files it named
+        (its source, the variants' starting banks) need not exist here, so its cells carry no bank."""
+        stored = {k: v for k, v in data.items() if k != "source"}
+        stored["variants"] = [{**v, "bank": ""} for v in data.get("variants") or ()]
+        return cls.from_dict(stored)
+
+    @classmethod
     def from_file(cls, path: str | Path) -> ExperimentSpec:
         path = Path(path)
         if not path.exists():
