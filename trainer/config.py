@@ -25,7 +25,7 @@ from trainer import losses, paths
 
 METHODS = ("grpo", "static_online", "exp_only", "complementary")
 ENGINES = ("vllm", "hf")
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = ("native", "auto", "bfloat16", "float16", "float32")
 SCOPES = ("task", "shared")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 MAX_NEW_TOKENS = 32_768
@@ -363,8 +363,10 @@ class RolloutConfig(_Section):
     """Token budget of one episode's prompt + history; older turns are dropped to fit."""
     kv_cache_gib: float = 1.0
     """KV-cache memory for the vLLM engine in GiB (on CPU it must be explicit; 1 GiB ≈ 46k SmolLM2 tokens)."""
-    dtype: str = "bfloat16"
-    """Weights and activations of the inference engine: bfloat16, float16, float32 or auto."""
+    dtype: str = "native"
+    """Weights and activations of the inference engine: native (bfloat16 where the hardware computes it,
+    a GPU or a CPU with AVX512-BF16/AMX; float32 elsewhere, where bf16 is emulated and 2-4x slower),
+    bfloat16, float16, float32 or auto (the checkpoint's)."""
 
     def __post_init__(self) -> None:
         _one_of("engine", self.engine, ENGINES)

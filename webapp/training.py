@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
+import torch
 from django.conf import settings
 
 from trainer.cancel import CancelToken
@@ -21,6 +22,7 @@ from trainer.checkpoint import STATE_FILE, read_checkpoint
 from trainer.config import RunConfig
 from trainer.paths import var_dir
 from trainer.report import ConsoleReporter, Reporter
+from trainer.rollout.base import native_bf16
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
@@ -33,7 +35,8 @@ def run_dir(run: Run) -> Path:
 
 
 def environment_snapshot() -> dict[str, str]:
-    """Code and package versions and the host, stored on the run for reproducibility."""
+    """Code and package versions, the host and its hardware (vector ISA, whether bf16 is native: the
+    "native" inference dtype and every timing depend on it), stored on the run for reproducibility."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=5
@@ -46,8 +49,9 @@ def environment_snapshot() -> dict[str, str]:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    hardware = {"cpu": torch.backends.cpu.get_cpu_capability(), "native_bf16": str(native_bf16()).lower()}
     return {"code_version": commit or "unknown", "python": platform.python_version(), "host": platform.node(),
-            **packages}  # fmt: skip
+            **hardware, **packages}  # fmt: skip
 
 
 def _resume_point(run: Run, out_dir: Path) -> Path | None:

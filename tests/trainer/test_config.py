@@ -105,7 +105,7 @@ def test_configs_are_frozen():
         ({"rollout.top_p": 0}, "rollout.top_p must be above 0 and at most 1"),
         ({"rollout.turn_limit": 0}, "rollout.turn_limit must be at least 1 (got 0)"),
         ({"rollout.max_new_tokens": 4096, "rollout.context_tokens": 1024}, "to leave room for the prompt"),
-        ({"rollout.dtype": "int8"}, "rollout.dtype must be one of auto, bfloat16, float16, float32"),
+        ({"rollout.dtype": "int8"}, "rollout.dtype must be one of auto, bfloat16, float16, float32, native"),
     ],
 )
 def test_it_refuses_bad_values_with_a_message_naming_the_key(overrides, message):

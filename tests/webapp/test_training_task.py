@@ -63,6 +63,7 @@ def test_a_run_trains_on_a_real_worker_and_records_rows_episodes_and_checkpoints
     assert EpisodeRecord.objects.filter(run=run).count() == 2 * 2  # steps × (tasks × K)
     assert sorted(p.name for p in Path(run.checkpoint_dir).glob("checkpoints/step-*"))[-1] == "step-000002"
     assert run.environment["code_version"] and run.environment["torch"].startswith("2.")
+    assert run.environment["cpu"] and run.environment["native_bf16"] in ("true", "false")
     log = (Path(run.checkpoint_dir) / "log.txt").read_text()
     assert "step 2/2" in log and "eval after step 2" in log  # the run page shows its tail
     # Delivered twice (acks_late): the second delivery finds the run taken and does nothing.

@@ -17,6 +17,7 @@ conventions, so the trainer never needs to know which one produced a batch:
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 FinishReason = Literal["stop", "length"]
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -209,8 +211,37 @@ def engine_class(name: str) -> type[Engine]:
 
 
 def make_engine(name: str, model_path: Path | str, **options: Any) -> Engine:
-    """Build the engine ``name`` ("vllm" or "hf") for the model folder ``model_path``."""
+    """Build the engine ``name`` ("vllm" or "hf") for the model folder ``model_path``; a ``dtype`` of
+    "native" is resolved for this machine first (``resolve_dtype``)."""
+    if "dtype" in options:
+        options["dtype"] = resolve_dtype(options["dtype"])
+        if options["dtype"] == "bfloat16" and not native_bf16():
+            log.warning(
+                "%s engine in bfloat16 on hardware without native bf16 (emulated: 2-4x slower than "
+                "float32 on an AVX2 CPU); rollout.dtype = native would take float32 here",
+                name,
+            )
     return engine_class(name)(model_path, **options)
+
+
+def native_bf16() -> bool:
+    """Whether this machine computes bfloat16 in hardware: a CUDA GPU that supports it, or a CPU with
+    AVX512-BF16 or AMX tiles (the probes vLLM's CPU backend uses). Elsewhere bf16 is emulated: on an
+    AVX2-only CPU vLLM generates 2-4x slower in bf16 than in float32 (``benchmarks/bench_engines.py``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def resolve_dtype(dtype: str) -> str:
+    """The inference dtype an engine is given: "native" is bfloat16 where the hardware has it
+    (``native_bf16``), float32 elsewhere; any other name is kept as it is."""
+    if dtype != "native":
+        return dtype
+    return "bfloat16" if native_bf16() else "float32"
 
 
 def sequence_logprobs(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from trainer.models import ModelNotFound, load_causal_lm
+from trainer.models import ModelNotFound, default_model_path, load_causal_lm
 from trainer.rollout import EngineError, GenerationRequest, engine_class, make_engine, sequence_logprobs
+from trainer.rollout.base import native_bf16, resolve_dtype
 
 
 @pytest.mark.parametrize(
@@ -77,3 +80,16 @@ def test_sequence_logprobs_carry_gradients_for_the_policy_loss(model_path):
     (logp,) = sequence_logprobs(model, [[1, 4093, 198]], [[6004, 2]])
     logp.sum().backward()
     assert model.model.embed_tokens.weight.grad.abs().sum() > 0
+
+
+def test_the_native_dtype_is_bf16_exactly_where_the_cpu_has_bf16_instructions(monkeypatch):
+    """An AVX2-only CPU emulates bf16 (vLLM generates 2-4x slower in it than in float32): "native" takes
+    float32 there and bf16 on CPUs with AVX512-BF16 or AMX, as /proc/cpuinfo reports them."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    hardware_bf16 = bool({"avx512_bf16", "amx_tile"} & flags)
+    assert native_bf16() is hardware_bf16
+    assert resolve_dtype("native") == ("bfloat16" if hardware_bf16 else "float32")
+    assert [resolve_dtype(d) for d in ("float32", "bfloat16", "auto")] == ["float32", "bfloat16", "auto"]
+    engine = make_engine("hf", default_model_path(), dtype="native")
+    assert engine.model.dtype == getattr(torch, resolve_dtype("native"))
