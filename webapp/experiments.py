@@ -279,13 +279,26 @@ def experiment_run(
         resumes = any(Path(run.checkpoint_dir).glob("checkpoints/step-*[0-9]"))
         how = "resuming from its last checkpoint" if resumes else "from the start"
         if here:
-            say(f"{cell.key}: {was} -> training here, {how} (run {run.pk})")
+            say(f"{cell.key}: {was} -> training here, {how} (run {run.pk}){emulated_bf16_note(cell)}")
             status = train_cell_here(run)
             say(f"{cell.key}: {status}")
         else:
             transaction.on_commit(lambda pk=run.pk: _enqueue(pk))  # a worker must find the run committed
             say(f"{cell.key}: {was} -> queued, {how} (run {run.pk})")
     return experiment
+
+
+def emulated_bf16_note(cell: Cell) -> str:
+    """A warning for a cell whose engines run bfloat16 on a machine that emulates it (an AVX2-only CPU):
+    it trains correctly but several times slower than where the cell's results were measured."""
+    from trainer.rollout.base import native_bf16
+
+    if cell.config.rollout.dtype != "bfloat16" or native_bf16():
+        return ""
+    return (
+        "; note: its rollout.dtype is bfloat16 and this machine has no native bf16 (no AVX512-BF16 or AMX): "
+        "inference is emulated here, several times slower (bench_engines: 2.4-4.1x slower than float32)"
+    )
 
 
 def train_cell_here(run: Run) -> str:

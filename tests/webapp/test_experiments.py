@@ -3,6 +3,7 @@ running it again skips finished cells, its report has every section, and its pag
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -16,7 +17,8 @@ from django.urls import reverse
 from trainer.experiments.files import FAILURES_FILE, read_lines
 from trainer.experiments.spec import ExperimentSpec
 from trainer.paths import var_dir
-from webapp.experiments import cell_dir, experiment_run, results_dir
+from trainer.rollout.base import native_bf16
+from webapp.experiments import cell_dir, emulated_bf16_note, experiment_run, results_dir
 from webapp.models import Experiment, MetricRow, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -230,6 +232,13 @@ def test_committed_results_count_as_done_in_a_new_database(user, experiment_file
     status = {line.split()[0]: line for line in out.getvalue().splitlines()}
     assert "succeeded (committed results)" in status["grpo/s0"] and "queued" in status["grpo/s1"]
     assert "not started" in status["complementary/s0"]
+
+
+def test_training_a_bf16_cell_here_warns_where_bf16_is_emulated(experiment_file):
+    cell = ExperimentSpec.from_file(experiment_file).cells()[0]
+    bf16 = dataclasses.replace(cell, config=cell.config.with_overrides(**{"rollout.dtype": "bfloat16"}))
+    assert bool(emulated_bf16_note(bf16)) is not native_bf16()
+    assert emulated_bf16_note(dataclasses.replace(bf16, config=cell.config)) == ""  # native: no warning
 
 
 def test_the_status_of_an_experiment_never_run_lists_its_whole_grid(experiment_file):
