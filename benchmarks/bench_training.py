@@ -1,6 +1,7 @@
 """Rollout throughput of the vLLM and HF engines, and the time breakdown of one actor step.
 
     python benchmarks/bench_training.py [--episodes 16] [--turns 4] [--max-new-tokens 8] [--repeat 3]
+                                        [--dtype native|bfloat16|float32]
 
 Prints a markdown table: env steps/s and generated tokens/s of the episode runner per engine (same
 episodes, same sampling seeds; the median of ``--repeat`` batches), then rollout / logprob recompute /
@@ -21,6 +22,7 @@ from trainer.config import get_preset
 from trainer.loop import TrainingLoop, sample_tasks
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.report import BaseReporter
+from trainer.rollout.base import native_bf16, resolve_dtype
 from trainer.rollout.runner import EpisodeRunner
 
 
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--engines", default="vllm,hf")
     parser.add_argument("--repeat", type=int, default=3, help="rollout batches per engine (median)")
+    parser.add_argument("--dtype", default="native", help="rollout.dtype (native: this machine's)")
     args = parser.parse_args()
 
     prepare_default_models(default_model_path())
@@ -45,10 +48,12 @@ def main() -> None:
             "rollout.max_new_tokens": args.max_new_tokens,
             "rollout.turn_limit": args.turns,
             "rollout.context_tokens": 1024,
+            "rollout.dtype": args.dtype,
         }
     )
     tokenizer = load_tokenizer(cfg.actor.model_path)
     specs = sample_tasks(cfg, step=1)
+    print(f"rollout.dtype {args.dtype} = {resolve_dtype(args.dtype)} (native bf16: {native_bf16()})\n")
     print("| engine | episodes | env steps | tokens | rollout s | env steps/s | tokens/s |")
     print("|---|---|---|---|---|---|---|")
     breakdown = None
