@@ -10,6 +10,9 @@ class Command(DatabaseCommand):
         "Internal: train a run its supervisor has claimed (the training process of a worker or of "
         "'experiment run --here'; see webapp/supervisor.py). To train by hand, use 'manage.py train'."
     )
+    # an internal child process: the checks belong where the product starts (`up`, `check`); here they
+    # would only import every view and form (~2 s a run)
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("run_id", type=int)
