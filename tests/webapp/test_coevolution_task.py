@@ -37,7 +37,8 @@ from webapp.training import run_dir, train_claimed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-QUESTION = "<search>how do I reach the stairs?</search>"
+ASKED = "how do I reach the stairs?"
+QUESTION = f"<search>{ASKED}</search>"
 MOVE = " southeast"  # Room-5x5 has one layout: four moves southeast reach the stairs
 
 
@@ -158,7 +159,7 @@ def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_
         exchanges = list(SearchAsk.objects.filter(run=run))
         # the steered questions; the actor may also ask on its own (in float32 it may copy the prompt's
         # "<search>your question</search>"), and those exchanges are recorded just the same
-        steered = [e for e in exchanges if e.query == "how do I reach the stairs?"]
+        steered = [e for e in exchanges if e.query == ASKED]
         assert steered and all(e.refined for e in steered)
         assert any(e.success is not None for e in exchanges)
         # retrieval starts after the warm-up

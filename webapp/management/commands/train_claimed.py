@@ -11,7 +11,7 @@ class Command(DatabaseCommand):
         "'experiment run --here'; see webapp/supervisor.py). To train by hand, use 'manage.py train'."
     )
     # an internal child process: the checks belong where the product starts (`up`, `check`); here they
-    # would only import every view and form (~2 s a run)
+    # would only import every view and form (~1 s a run)
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser) -> None:
