@@ -290,14 +290,16 @@ def experiment_run(
 
 def emulated_bf16_note(cell: Cell) -> str:
     """A warning for a cell whose engines run bfloat16 on a machine that emulates it (an AVX2-only CPU):
-    it trains correctly but several times slower than where the cell's results were measured."""
+    it trains correctly but several times slower than where the cell's results were measured (vLLM's
+    bf16 GEMMs run in float32 there: as fast as float32, which is itself 5-6x slower than native bf16)."""
     from trainer.rollout.base import native_bf16
 
     if cell.config.rollout.dtype != "bfloat16" or native_bf16():
         return ""
     return (
         "; note: its rollout.dtype is bfloat16 and this machine has no native bf16 (no AVX512-BF16 or AMX): "
-        "inference is emulated here, several times slower (bench_engines: 2.4-4.1x slower than float32)"
+        "its GEMMs run in float32 here (bench_bf16_route: 1.2x float32's time), and a cell takes about 6x "
+        "as long as where bf16 is native"
     )
 
 

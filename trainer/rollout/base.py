@@ -215,7 +215,7 @@ def make_engine(name: str, model_path: Path | str, **options: Any) -> Engine:
     "native" is resolved for this machine first (``resolve_dtype``)."""
     if "dtype" in options:
         options["dtype"] = resolve_dtype(options["dtype"])
-        if options["dtype"] == "bfloat16" and not native_bf16():
+        if options["dtype"] == "bfloat16" and not native_bf16() and name != "vllm":  # vllm: see its module
             log.warning(
                 "%s engine in bfloat16 on hardware without native bf16 (emulated: 2-4x slower than "
                 "float32 on an AVX2 CPU); rollout.dtype = native would take float32 here",
@@ -227,7 +227,9 @@ def make_engine(name: str, model_path: Path | str, **options: Any) -> Engine:
 def native_bf16() -> bool:
     """Whether this machine computes bfloat16 in hardware: a CUDA GPU that supports it, or a CPU with
     AVX512-BF16 or AMX tiles (the probes vLLM's CPU backend uses). Elsewhere bf16 is emulated: on an
-    AVX2-only CPU vLLM generates 2-4x slower in bf16 than in float32 (``benchmarks/bench_engines.py``)."""
+    AVX2-only CPU vLLM's own bf16 GEMMs are 2-5x slower than float32 (``benchmarks/bench_engines.py``,
+    ``bench_bf16_route.py``), so the vLLM engine routes them through float32 there
+    (``trainer.rollout.vllm``)."""
     import torch
 
     if torch.cuda.is_available():

@@ -8,6 +8,11 @@ blocks were computed by the old weights.
 Side effects of starting vLLM in a process, which the trainer shares: on CPU it binds the OpenMP
 threads and turns later ``torch.set_num_threads`` calls into no-ops, and it seeds the global torch
 RNG with ``seed``.
+
+On a CPU without hardware bf16 (AVX2 only), oneDNN computes bfloat16 GEMMs in a slow emulation (prefill
+several times slower than float32). There the engine's bf16 linear layers multiply in float32 instead
+(``_route_bf16_gemms_through_float32``): bf16 inputs and weights, float32 products and sums, a bf16 result,
+which is what AVX512-BF16 and AMX hardware computes, up to the order of the sums.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.models import ModelNotFound, is_checkpoint
-from trainer.rollout.base import Engine, EngineError, Generation, GenerationRequest
+from trainer.rollout.base import Engine, EngineError, Generation, GenerationRequest, native_bf16
 
 _WARMUP_TOKENS = 8
 # vLLM's distributed state and forward context are process-wide and shared by all in-process engines
@@ -84,6 +89,8 @@ class VLLMEngine(Engine):
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        if on_cpu and not native_bf16():
+            _route_bf16_gemms_through_float32()
         if on_cpu and kv_cache_memory_bytes is None:
             kv_cache_memory_bytes = 1 << 30
         options: dict[str, Any] = {
@@ -221,3 +228,41 @@ def _cleanup_if_last() -> None:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         cleanup_dist_env_and_memory()
+
+
+def _route_bf16_gemms_through_float32() -> None:
+    """Make vLLM's CPU linear layers with bf16 weights multiply in float32, process-wide (idempotent).
+
+    vLLM picks each layer's GEMM when its weights are processed after loading, again after every
+    ``reload_weights``: the wrapper takes over for bf16 weights there, keeps a float32 copy of them (twice
+    the bf16 weights' memory: ~0.5 GB for SmolLM2-135M) and refreshes it on each reload."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(vllm_dispatch, "routes_bf16_through_float32", False):
+        return
+
+    def dispatch(layer, remove_weight: bool) -> None:
+        import torch
+
+        weight = layer.weight
+        if weight.is_meta or weight.ndim != 2 or weight.dtype != torch.bfloat16:
+            vllm_dispatch(layer, remove_weight)
+            return
+        layer.cpu_linear = _float32_linear(weight.detach().float())
+        if remove_weight:  # as vLLM's own dispatch does: the layer no longer needs its bf16 weight
+            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+
+    dispatch.routes_bf16_through_float32 = True
+    dispatch.vllm_dispatch = vllm_dispatch
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def _float32_linear(weight32):
+    """``cpu_linear(x, weight, bias)`` for a bf16 layer whose weight is kept as ``weight32``."""
+    import torch.nn.functional as F
+
+    def linear(x, weight, bias):
+        return F.linear(x.float(), weight32, None if bias is None else bias.float()).to(x.dtype)
+
+    return linear

@@ -83,8 +83,8 @@ def test_sequence_logprobs_carry_gradients_for_the_policy_loss(model_path):
 
 
 def test_the_native_dtype_is_bf16_exactly_where_the_cpu_has_bf16_instructions(monkeypatch):
-    """An AVX2-only CPU emulates bf16 (vLLM generates 2-4x slower in it than in float32): "native" takes
-    float32 there and bf16 on CPUs with AVX512-BF16 or AMX, as /proc/cpuinfo reports them."""
+    """An AVX2-only CPU emulates bf16 (transformers generates 2-4x slower in it than in float32): "native"
+    takes float32 there and bf16 on CPUs with AVX512-BF16 or AMX, as /proc/cpuinfo reports them."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     flags = set(Path("/proc/cpuinfo").read_text().split())
     hardware_bf16 = bool({"avx512_bf16", "amx_tile"} & flags)
