@@ -365,8 +365,8 @@ class RolloutConfig(_Section):
     """KV-cache memory for the vLLM engine in GiB (on CPU it must be explicit; 1 GiB ≈ 46k SmolLM2 tokens)."""
     dtype: str = "native"
     """Weights and activations of the inference engine: native (bfloat16 where the hardware computes it,
-    a GPU or a CPU with AVX512-BF16/AMX; float32 elsewhere, where bf16 is emulated: 1.2x float32 in vLLM,
-    whose bf16 GEMMs then run in float32, 2-4x in transformers),
+    a GPU or a CPU with AVX512-BF16/AMX; float32 elsewhere, where bf16 is emulated: ~1x float32's time in
+    vLLM, whose bf16 GEMMs then run in float32, 2-4x in transformers),
     bfloat16, float16, float32 or auto (the checkpoint's)."""
 
     def __post_init__(self) -> None:

@@ -298,8 +298,8 @@ def emulated_bf16_note(cell: Cell) -> str:
         return ""
     return (
         "; note: its rollout.dtype is bfloat16 and this machine has no native bf16 (no AVX512-BF16 or AMX): "
-        "its GEMMs run in float32 here (bench_bf16_route: 1.2x float32's time), and a cell takes about 6x "
-        "as long as where bf16 is native"
+        "its GEMMs run in float32 here (bench_bf16_route: 0.9-1.1x float32's time), and a cell takes about "
+        "6x as long as where bf16 is native"
     )
 
 
