@@ -291,7 +291,7 @@ def experiment_run(
 def emulated_bf16_note(cell: Cell) -> str:
     """A warning for a cell whose engines run bfloat16 on a machine that emulates it (an AVX2-only CPU):
     it trains correctly but several times slower than where the cell's results were measured (vLLM's
-    bf16 GEMMs run in float32 there: as fast as float32, which is itself 5-6x slower than native bf16)."""
+    bf16 GEMMs run in float32 on such a machine: as fast as float32, itself 5-6x slower than native bf16)."""
     from trainer.rollout.base import native_bf16
 
     if cell.config.rollout.dtype != "bfloat16" or native_bf16():
