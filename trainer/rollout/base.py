@@ -17,7 +17,6 @@ conventions, so the trainer never needs to know which one produced a batch:
 from __future__ import annotations
 
 import importlib
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     import torch
 
 FinishReason = Literal["stop", "length"]
-log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -215,12 +213,6 @@ def make_engine(name: str, model_path: Path | str, **options: Any) -> Engine:
     "native" is resolved for this machine first (``resolve_dtype``)."""
     if "dtype" in options:
         options["dtype"] = resolve_dtype(options["dtype"])
-        if options["dtype"] == "bfloat16" and not native_bf16() and name != "vllm":  # vllm: see its module
-            log.warning(
-                "%s engine in bfloat16 on hardware without native bf16 (emulated: 2-4x slower than "
-                "float32 on an AVX2 CPU); rollout.dtype = native would take float32 here",
-                name,
-            )
     return engine_class(name)(model_path, **options)
 
 

@@ -37,6 +37,11 @@ def routed_layers(monkeypatch):
     return taken
 
 
+@pytest.fixture
+def requests(chat):
+    return [GenerationRequest(chat(q), max_new_tokens=16, temperature=0.0) for q in ("Hi!", "2+2?")]
+
+
 def test_per_gemm_it_gives_torchs_bf16_result_up_to_the_order_of_the_sums():
     torch.manual_seed(0)
     x = torch.randn(64, 576).bfloat16()
@@ -51,8 +56,7 @@ def test_per_gemm_it_gives_torchs_bf16_result_up_to_the_order_of_the_sums():
     assert ((got.float() - want.float()).abs() <= scale * 2.0**-8).all()
 
 
-def test_an_engine_on_the_route_serves_bf16_numbers(model_path, chat, routed_layers):
-    requests = [GenerationRequest(chat(q), max_new_tokens=16, temperature=0.0) for q in ("Hi!", "2+2?")]
+def test_an_engine_on_the_route_serves_bf16_numbers(model_path, requests, routed_layers):
     with make_engine("vllm", model_path, dtype="bfloat16", **ENGINE_OPTIONS) as engine:
         generations = engine.generate(requests)
     assert len(routed_layers) > 30  # every projection of every block, and the output layer
@@ -64,8 +68,7 @@ def test_an_engine_on_the_route_serves_bf16_numbers(model_path, chat, routed_lay
     assert 1e-3 < gaps.mean() < 0.1  # bf16 rounding, not float32 (~1e-4) and not a broken model
 
 
-def test_after_an_update_the_route_serves_the_new_weights(model_path, chat, routed_layers):
-    requests = [GenerationRequest(chat(q), max_new_tokens=16, temperature=0.0) for q in ("Hi!", "2+2?")]
+def test_after_an_update_the_route_serves_the_new_weights(model_path, requests, routed_layers):
     prompts = [list(r.prompt_ids) for r in requests]
     trainer_model = load_causal_lm(model_path)
     with make_engine("vllm", model_path, dtype="bfloat16", **ENGINE_OPTIONS) as engine:
