@@ -177,6 +177,7 @@ def episode_line(step: int, e: Episode) -> dict[str, Any]:
         "seed": e.spec.seed,
         "group": e.spec.group,
         "guided": e.spec.guided,
+        "sample_seed": e.spec.sample_seed,
         "entry_id": x.entry_id if x else None,
         "entry_version": x.entry_version if x else None,
         "similarity": x.similarity if x else None,

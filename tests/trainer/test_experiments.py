@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from trainer.config import ConfigError
+from trainer.config import ConfigError, get_preset
 from trainer.experiments.files import last_attempt, read_lines, write_lines
 from trainer.experiments.report import (
     bank_quality,
@@ -20,15 +20,20 @@ from trainer.experiments.report import (
     entry_usefulness,
     load_results,
     merge_effects,
+    same_slot_pairs,
 )
 from trainer.experiments.spec import ExperimentSpec
 from trainer.experiments.stats import (
     area_under_curve,
+    mcnemar_exact,
     steps_to_reach,
     t_interval,
     welch_interval,
     wilson_interval,
 )
+from trainer.loop import sample_tasks
+from trainer.report import EpisodeLogReporter
+from trainer.rollout.runner import Episode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,6 +151,14 @@ def test_the_wilson_interval_is_scipys(k, n):
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     assert (iv.low, iv.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
     assert iv.mean == pytest.approx(k / n)
+
+
+@pytest.mark.parametrize(
+    ("only_a", "only_b", "p"), [(0, 0, 1.0), (2, 0, 0.5), (1, 9, 22 / 1024), (5, 5, 1.0)]
+)
+def test_mcnemars_exact_p_is_the_two_sided_binomial_tail_of_the_discordant_pairs(only_a, only_b, p):
+    assert mcnemar_exact(only_a, only_b) == pytest.approx(p)
+    assert mcnemar_exact(only_b, only_a) == pytest.approx(p)
 
 
 def test_auc_is_the_mean_of_the_curve_over_its_steps_and_thresholds_find_the_first_step():
@@ -321,6 +334,7 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
         "## 3. What the experience did",
         "### Guided vs free",
         "### Entries: success when retrieved",
+        "### Same slot, with and without the entry",
         "### Merge passes",
         "### Bank quality",
         "## 4. What the extractor did",
@@ -382,6 +396,57 @@ def test_usefulness_is_success_when_retrieved_minus_the_free_base_rate_of_the_sa
     episodes += [ep(1, 1, False, False), ep(1, 1, False, False), ep(1, 1, True, True, 7)]
     use = entry_usefulness(episodes)
     assert use[7] == [pytest.approx(0.5), pytest.approx(1.0)] and use[8] == [pytest.approx(-0.5)]
+
+
+def _slot_run(tmp_path: Path, method: str, outcomes: dict[int, list[tuple]], trained_at: int) -> None:
+    """A run of seed 0 whose step s has one task instance with rollouts ``outcomes[s]``: (success, actions,
+    entry or None); the actor first trains a row at step ``trained_at``."""
+    d = tmp_path / "runs" / f"{method}-s0"
+    d.mkdir(parents=True)
+    (d / "cell.json").write_text(json.dumps({"cell": f"{method}/s0", "method": method}))
+    rows = [{"kind": "step", "step": s, "actor/sequences": float(s >= trained_at)} for s in outcomes]
+    write_lines(d / "metrics.jsonl", rows)
+    episodes = [
+        {"step": s, "group": 0, "guided": k < 2, "entry_id": entry, "success": ok, "actions": n}
+        for s, rollouts in outcomes.items()
+        for k, (ok, n, entry) in enumerate(rollouts)
+    ]
+    write_lines(d / "episodes.jsonl", episodes)
+
+
+def test_guided_slots_are_paired_with_the_baselines_same_slot_while_both_actors_are_untrained(tmp_path):
+    f, t = False, True
+    grpo = {1: [(f, 8, None), (t, 5, None), (f, 8, None), (t, 4, None)], 2: [(t, 3, None)] * 4,
+            3: [(t, 3, None)] * 4}  # fmt: skip
+    comp = {
+        1: [(f, 8, None), (f, 8, 7), (f, 8, None), (t, 4, None)],  # slot 0 replays, slot 1 lost by entry 7
+        2: [(f, 8, 7), (t, 3, 7), (f, 8, None), (t, 3, None)],  # slot 2 does not replay
+        3: [(f, 8, 7)] * 4,  # grpo trained at step 2: step 3 is not paired
+    }
+    _slot_run(tmp_path, "grpo", grpo, trained_at=2)
+    _slot_run(tmp_path, "complementary", comp, trained_at=9)
+    base, run = load_results(tmp_path)
+    c = same_slot_pairs(run, base)
+    assert (c["steps"], c["plain"], c["replayed"]) == (2, 5, 4)
+    assert (c["pairs"], c["both"], c["baseline"], c["guided"]) == (3, 1, 2, 0)
+    md = (build_report(tmp_path) / "report.md").read_text()
+    assert "| complementary-s0 | grpo-s0 | 2 | 4 / 5 | 3 | 1 | 2 | 0 | 0.500 |" in md
+
+
+def test_every_method_of_one_seed_draws_the_same_sample_seed_per_slot_and_the_log_records_it(tmp_path):
+    base = get_preset("cpu").with_overrides(seed=3, tasks_per_step=2, k_rollouts=4)
+    grpo, comp = (sample_tasks(base.with_overrides(method=m), 5) for m in ("grpo", "complementary"))
+    assert [(s.seed, s.group, s.sample_seed) for s in grpo] == [
+        (s.seed, s.group, s.sample_seed) for s in comp
+    ]
+    assert [s.guided for s in comp] == [True, True, False, False] * 2 and not any(s.guided for s in grpo)
+    assert len({s.sample_seed for s in comp}) == 8
+    episodes = [
+        Episode(spec, "", "", None, [], [], 0.0, False, False, [0], 0.0) for spec in comp
+    ]  # fmt: skip
+    EpisodeLogReporter(tmp_path / "episodes.jsonl").on_episode_batch(5, episodes)
+    lines = read_lines(tmp_path / "episodes.jsonl")
+    assert [line["sample_seed"] for line in lines] == [s.sample_seed for s in comp]
 
 
 def test_a_merge_pass_is_scored_by_its_inputs_before_and_its_outputs_after(tmp_path):

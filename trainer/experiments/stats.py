@@ -102,3 +102,12 @@ def steps_to_reach(steps: Sequence[float], values: Sequence[float], threshold: f
         if v >= threshold:
             return s
     return None
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value of paired binary outcomes from their discordant pairs: ``only_a``
+    pairs where only the first succeeded, ``only_b`` where only the second did (no discordant pair: 1)."""
+    n = only_a + only_b
+    if n == 0:
+        return 1.0
+    return float(stats.binomtest(min(only_a, only_b), n, 0.5).pvalue)
