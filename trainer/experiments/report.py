@@ -545,7 +545,7 @@ def same_slot_pairs(run: RunResult, baseline: RunResult) -> dict[str, int]:
     counts["steps"] = len(steps)
     for key, e in mine.items():
         b = theirs.get(key)
-        if key[0] not in steps or b is None or e.get("sample_seed") != b.get("sample_seed"):
+        if key[0] not in steps or b is None or _draw(e) != _draw(b):
             continue
         if e.get("entry_id") is None:
             counts["plain"] += 1
@@ -556,6 +556,10 @@ def same_slot_pairs(run: RunResult, baseline: RunResult) -> dict[str, int]:
             counts["baseline"] += b["success"] and not e["success"]
             counts["guided"] += e["success"] and not b["success"]
     return counts
+
+
+def _draw(e: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return e.get("env"), e.get("seed"), e.get("sample_seed")
 
 
 def same_slot_section(runs: Sequence[RunResult]) -> str:
