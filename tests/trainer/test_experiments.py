@@ -20,6 +20,7 @@ from trainer.experiments.report import (
     entry_usefulness,
     load_results,
     merge_effects,
+    same_draw,
     same_slot_pairs,
 )
 from trainer.experiments.spec import ExperimentSpec
@@ -484,3 +485,17 @@ def test_a_report_without_experience_still_has_every_section_saying_why_it_is_em
     for line in ("No run used experience.", "No guided episode was recorded.", "No merge pass ran.",
                  "No bank entry was written.", "No run used the extractor."):  # fmt: skip
         assert line in md, line
+
+
+@pytest.mark.parametrize(
+    ("theirs", "paired"),
+    [
+        ({"env": "Room", "seed": 5, "sample_seed": 11}, True),
+        ({"env": "Room", "seed": 5, "sample_seed": 12}, False),
+        ({"env": "Room", "seed": 5}, True),  # a log from before sample_seed was recorded
+        ({"env": "Room", "seed": 6}, False),
+        ({"env": "Other", "seed": 5, "sample_seed": 11}, False),
+    ],
+)
+def test_a_slot_pairs_on_env_and_instance_and_on_the_sampling_seed_where_both_logs_record_it(theirs, paired):
+    assert same_draw({"env": "Room", "seed": 5, "sample_seed": 11}, theirs) is paired

@@ -545,7 +545,7 @@ def same_slot_pairs(run: RunResult, baseline: RunResult) -> dict[str, int]:
     counts["steps"] = len(steps)
     for key, e in mine.items():
         b = theirs.get(key)
-        if key[0] not in steps or b is None or _draw(e) != _draw(b):
+        if key[0] not in steps or b is None or not same_draw(e, b):
             continue
         if e.get("entry_id") is None:
             counts["plain"] += 1
@@ -558,8 +558,12 @@ def same_slot_pairs(run: RunResult, baseline: RunResult) -> dict[str, int]:
     return counts
 
 
-def _draw(e: dict[str, Any]) -> tuple[Any, Any, Any]:
-    return e.get("env"), e.get("seed"), e.get("sample_seed")
+def same_draw(e: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same env and task instance, and the same sampling seed where both logs record one (logs written
+    before ``sample_seed`` was recorded pair by their slot alone)."""
+    if (e.get("env"), e.get("seed")) != (b.get("env"), b.get("seed")):
+        return False
+    return None in (e.get("sample_seed"), b.get("sample_seed")) or e["sample_seed"] == b["sample_seed"]
 
 
 def same_slot_section(runs: Sequence[RunResult]) -> str:
