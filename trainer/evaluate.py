@@ -84,6 +84,20 @@ def evaluate(
     return metrics
 
 
+def eval_runner(engine, actor_dir: Path | str, rollout) -> EpisodeRunner:
+    """An eval-split runner for the actor in ``actor_dir`` served by ``engine``, under a ``RolloutConfig``."""
+    from trainer.models import load_tokenizer
+
+    return EpisodeRunner(
+        engine,
+        load_tokenizer(actor_dir),
+        split="eval",
+        max_new_tokens=rollout.max_new_tokens,
+        turn_limit=rollout.turn_limit,
+        context_tokens=rollout.context_tokens,
+    )
+
+
 def evaluate_checkpoint(
     path: Path | str,
     *,
@@ -98,7 +112,6 @@ def evaluate_checkpoint(
     run's ``ExperienceManager``) adds the with-experience column. Builds and closes its own engine.
     """
     from trainer.checkpoint import read_checkpoint
-    from trainer.models import load_tokenizer
     from trainer.rollout.base import engine_from_config
 
     state = read_checkpoint(Path(path))
@@ -106,14 +119,7 @@ def evaluate_checkpoint(
     actor_dir = state.path / "actor"
     r = cfg.rollout
     engine = engine_from_config(actor_dir, r, seed=cfg.seed, name=engine_name or "")
-    runner = EpisodeRunner(
-        engine,
-        load_tokenizer(actor_dir),
-        split="eval",
-        max_new_tokens=r.max_new_tokens,
-        turn_limit=r.turn_limit,
-        context_tokens=r.context_tokens,
-    )
+    runner = eval_runner(engine, actor_dir, r)
     try:
         metrics = evaluate(runner, env or cfg.env, episodes or cfg.eval_episodes, retrieve=retrieve)
     finally:
