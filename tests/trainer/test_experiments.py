@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,20 @@ from scipy import stats
 from trainer.config import ConfigError, get_preset
 from trainer.experiments.files import last_attempt, read_lines, write_lines
 from trainer.experiments.report import (
+    EXTRACTED,
+    IMPORTED,
+    RunResult,
     bank_quality,
     build_report,
     entry_quality,
     entry_usefulness,
+    imported_entries,
     load_results,
     merge_effects,
+    origin_lines,
     same_draw,
     same_slot_pairs,
+    usefulness_by_origin,
 )
 from trainer.experiments.spec import ExperimentSpec
 from trainer.experiments.stats import (
@@ -397,6 +404,32 @@ def test_usefulness_is_success_when_retrieved_minus_the_free_base_rate_of_the_sa
     episodes += [ep(1, 1, False, False), ep(1, 1, False, False), ep(1, 1, True, True, 7)]
     use = entry_usefulness(episodes)
     assert use[7] == [pytest.approx(0.5), pytest.approx(1.0)] and use[8] == [pytest.approx(-0.5)]
+
+
+def test_usefulness_splits_by_whether_a_person_or_the_extractor_wrote_the_entry(tmp_path):
+    def ep(group, guided, success, entry=None):
+        return {"step": 1, "group": group, "guided": guided, "success": success, "entry_id": entry}
+
+    run = RunResult(
+        slug="static_online-s0",
+        arm="static_online",
+        seed=0,
+        method="static_online",
+        config={},
+        train={},
+        evals={},
+        episodes=[ep(0, False, False), ep(0, True, True, 1), ep(0, True, False, 2), ep(0, True, True, 2)],
+        changes=[
+            {"entry": 1, "kind": "import", "step": 0},
+            {"entry": 2, "kind": "add", "step": 1},
+            {"entry": 2, "kind": "update", "step": 1},
+        ],
+    )
+    assert imported_entries(run.changes) == {1}
+    split = usefulness_by_origin(run)
+    assert split[IMPORTED] == [1.0] and split[EXTRACTED] == [0.0, 1.0]
+    assert "imported (written by a person)" in "\n".join(origin_lines([run]))
+    assert origin_lines([replace(run, changes=run.changes[1:])]) == []
 
 
 def _slot_run(tmp_path: Path, method: str, outcomes: dict[int, list[tuple]], trained_at: int) -> None:

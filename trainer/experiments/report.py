@@ -455,6 +455,43 @@ def entry_titles(changes: Sequence[dict[str, Any]]) -> dict[int, str]:
     return titles
 
 
+IMPORTED = "imported (written by a person)"
+EXTRACTED = "written by the extractor"
+
+
+def imported_entries(changes: Sequence[dict[str, Any]]) -> set[int]:
+    """Entries that entered the bank from an imported file rather than from the extractor."""
+    return {c["entry"] for c in changes if c.get("kind") == "import"}
+
+
+def usefulness_by_origin(run: RunResult) -> dict[str, list[float]]:
+    """The run's per-use usefulness values, split by where the used entry came from."""
+    imported = imported_entries(run.changes)
+    out: dict[str, list[float]] = {IMPORTED: [], EXTRACTED: []}
+    for entry, values in entry_usefulness(run.episodes).items():
+        out[IMPORTED if entry in imported else EXTRACTED].extend(values)
+    return out
+
+
+def origin_lines(runs: Sequence[RunResult]) -> list[str]:
+    rows = []
+    for r in runs:
+        if not imported_entries(r.changes):
+            continue
+        for origin, values in usefulness_by_origin(r).items():
+            rows.append([r.slug, origin, len(values), str(t_interval(values)) if values else "–"])
+    if not rows:
+        return []
+    return [
+        "",
+        "By origin, in runs whose bank started from an imported file: usefulness over the guided uses of "
+        "each kind of entry, mean ± 95% t over uses (uses of the same step share the actor and the "
+        "instance, so the interval is a rough guide).",
+        "",
+        _table(["run", "entries", "guided uses", "usefulness"], rows),
+    ]
+
+
 def usefulness_section(runs: Sequence[RunResult]) -> str:
     rs = [r for r in runs if r.uses_experience and r.episodes]
     if not rs:
@@ -510,6 +547,7 @@ def usefulness_section(runs: Sequence[RunResult]) -> str:
                 [[_fmt(u), n, s, e, _escape(t)] for u, n, s, e, t in shown],
             )
         )
+    lines += origin_lines(rs)
     return "\n".join([*lines, ""])
 
 
