@@ -406,7 +406,7 @@ def test_usefulness_is_success_when_retrieved_minus_the_free_base_rate_of_the_sa
     assert use[7] == [pytest.approx(0.5), pytest.approx(1.0)] and use[8] == [pytest.approx(-0.5)]
 
 
-def test_usefulness_splits_by_whether_a_person_or_the_extractor_wrote_the_entry(tmp_path):
+def test_usefulness_splits_by_whether_a_person_or_the_extractor_wrote_the_entry():
     def ep(group, guided, success, entry=None):
         return {"step": 1, "group": group, "guided": guided, "success": success, "entry_id": entry}
 
