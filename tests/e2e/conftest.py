@@ -4,6 +4,7 @@ Chromium."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -73,6 +74,17 @@ def server(transactional_db, training_queue):
     proc.terminate()
     proc.wait(timeout=20)
     log.close()
+    _remove_run_folders()
+
+
+def _remove_run_folders() -> None:
+    """The folders of the runs the test launched (the test database holds only those), so that the
+    suite leaves nothing under the checkout's ``var/runs``."""
+    from webapp.models import Run
+    from webapp.training import run_dir
+
+    for run in Run.objects.all():
+        shutil.rmtree(run_dir(run), ignore_errors=True)
 
 
 @pytest.fixture
