@@ -28,7 +28,7 @@ import torch
 from trainer.actor import ActorUpdate
 from trainer.cancel import CancelToken
 from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
-from trainer.coevolution import STATE_FILE, CoevolutionLoop
+from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, work_left
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.experiments.files import FAILURES_FILE
@@ -61,7 +61,7 @@ def file_reporters(out_dir: Path, *more: Reporter) -> Reporters:
     """What every run writes into its folder: ``metrics.jsonl`` and ``episodes.jsonl`` (plus ``more``)."""
     out_dir = Path(out_dir)
     return Reporters(
-        *more, JsonlReporter(out_dir / "metrics.jsonl"), EpisodeLogReporter(out_dir / "episodes.jsonl")
+        *more, JsonlReporter(out_dir / METRICS_FILE), EpisodeLogReporter(out_dir / "episodes.jsonl")
     )
 
 
@@ -71,8 +71,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def read_resume_point(cfg: RunConfig, resume: Path | None) -> CheckpointState | None:
-    """The checkpoint to resume from, checked against ``cfg`` before anything loads."""
+def read_resume_point(cfg: RunConfig, resume: Path | None, out_dir: Path) -> CheckpointState | None:
+    """The checkpoint to resume from, checked against ``cfg`` before anything loads. One of the last step
+    is resumed only to finish the extractor work the lost attempt left (``work_left``)."""
     if resume is None:
         return None
     state = read_checkpoint(Path(resume))
@@ -80,7 +81,8 @@ def read_resume_point(cfg: RunConfig, resume: Path | None) -> CheckpointState | 
     if state.new_settings:  # the same config as far as it can tell, but behaviour may differ: say so
         now = ", ".join(f"{k} = {v!r}" for k, v in state.new_settings.items())
         print(f"training: the checkpoint predates {now}: they take these values from here on", flush=True)
-    if state.step >= cfg.steps:
+    finishing = state.step == cfg.steps and work_left(out_dir, state.path)
+    if state.step >= cfg.steps and not finishing:
         raise ConfigError(f"the checkpoint is at step {state.step} already; pass --steps above it to go on")
     return state
 
@@ -161,7 +163,7 @@ def train(
             "store (manage.py train makes one)"
         )
     make_mixture(cfg.env)  # an unknown env fails before anything loads
-    state = read_resume_point(cfg, resume)
+    state = read_resume_point(cfg, resume, out_dir)
     tokenizer, model, actor = prepare_actor(cfg, out_dir, state)
     with ExitStack() as owned:
         if engine is None:

@@ -36,10 +36,11 @@ import torch
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
+from trainer.experiments.files import last_attempt, read_lines
 from trainer.extractor.credit import CreditBuffer
 from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.prompts import Step
-from trainer.extractor.track import Credit, ExtractorTrack
+from trainer.extractor.track import Credit, ExtractorTrack, TrackJournal
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
 from trainer.report import BaseReporter, Reporter
@@ -55,6 +56,8 @@ STATE_FILE = "state.pt"
 weights when the method trains πϕ)."""
 JOURNAL_FILE = "extractor_track.jsonl"
 """The extractor track's finished work, in the run's folder (``trainer.extractor.track.TrackJournal``)."""
+METRICS_FILE = "metrics.jsonl"
+"""The run's step and eval rows, in its folder (``trainer.report.JsonlReporter``)."""
 SEARCH_TAG = re.compile(r"<search>(.*?)(?:</search>|$)", re.DOTALL | re.IGNORECASE)
 
 
@@ -280,7 +283,9 @@ class CoevolutionLoop(TrainingLoop):
             if self.cancelled:
                 return last
             self.track.drain()
-            if self.last_train:  # the last step's row again, with the extractor's work on it finished
+            if self.start_step > self.cfg.steps:  # resumed after its last step, for the track's work only
+                self._report_last_row_again()
+            elif self.last_train:  # the last step's row again, with the extractor's work on it finished
                 self.reporter.on_step(self.step, self.last_train)
             return last | self.experience_metrics()
         finally:
@@ -321,6 +326,15 @@ class CoevolutionLoop(TrainingLoop):
             credits += [Credit(ep, e.success, generation=g) for g in refinements]
         self.track.submit(self.step, requests, credits)
 
+    def _report_last_row_again(self) -> None:
+        """The last step's row as the lost attempt wrote it, with the extractor's figures now that its work
+        is done (the actor's and the retriever's stay as they were); nothing without a metrics file."""
+        rows = last_attempt(read_lines(Path(self.out_dir) / METRICS_FILE))
+        last = [r for r in rows if r.get("kind") == "step" and r.get("step") == self.cfg.steps]
+        if last:
+            row = {k: v for k, v in last[-1].items() if k not in ("kind", "step", "time")}
+            self.reporter.inner.on_step(self.cfg.steps, row | self.track.metrics())
+
     def experience_metrics(self) -> Metrics:
         metrics = self.track.metrics()
         metrics["experience/retrieve_s"] = self.retriever.seconds
@@ -352,3 +366,15 @@ class CoevolutionLoop(TrainingLoop):
         (folder / "extractor" / "version.json").write_text(
             json.dumps({"weight_version": self.extractor.expected_version})
         )
+
+
+def work_left(out_dir: Path, checkpoint: Path) -> bool:
+    """Whether a checkpoint holds extractor work that the lost attempt did not finish after it (credits to
+    settle, items its journal in ``out_dir`` does not list): a run that died after its last step must still
+    be resumed to do it."""
+    path = Path(checkpoint) / "extractor" / STATE_FILE
+    if not path.exists():
+        return False
+    state = torch.load(path, weights_only=False)
+    done = TrackJournal(Path(out_dir) / JOURNAL_FILE).done
+    return bool(state.get("pending_credits")) or any(i.key not in done for i in state.get("unfinished", []))

@@ -68,13 +68,15 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     The Celery task and ``manage.py train`` both come here, so a run behaves the same from either.
     """
     from trainer.assemble import file_reporters, train
+    from trainer.coevolution import work_left
 
     cfg = RunConfig.from_dict(run.config)
     out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
-    start_step = read_checkpoint(resume).step if resume is not None else 0
-    if resume == out_dir and start_step >= cfg.steps:  # it died after its last step, before being marked done
-        return _finish(run, Run.Status.SUCCEEDED)
+    point = read_checkpoint(resume) if resume is not None else None
+    start_step = point.step if point else 0
+    if resume == out_dir and start_step >= cfg.steps and not work_left(out_dir, point.path):
+        return _finish(run, Run.Status.SUCCEEDED)  # it died after its last step, before being marked done
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
     out_dir.mkdir(parents=True, exist_ok=True)
     rewind(run, start_step)  # a restart: drop what an interrupted attempt recorded after where it resumes

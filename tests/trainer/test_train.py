@@ -143,11 +143,11 @@ def test_a_checkpoint_saved_before_a_setting_existed_resumes_and_says_what_it_ta
     folder = tmp_path / "checkpoints" / "step-000002"
     folder.mkdir(parents=True)
     (folder / "state.json").write_text(json.dumps({"step": 2, "engine_version": 2, "config": saved}))
-    state = read_resume_point(CFG.with_overrides(steps=3), tmp_path)
+    state = read_resume_point(CFG.with_overrides(steps=3), tmp_path, tmp_path)
     assert state.step == 2 and state.new_settings == {"extractor.temperature": 1.0}
     assert "predates extractor.temperature = 1.0" in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"extractor\.temperature: 1\.0 in the checkpoint, 0\.5 now"):
-        read_resume_point(CFG.with_overrides(steps=3, **{"extractor.temperature": 0.5}), tmp_path)
+        read_resume_point(CFG.with_overrides(steps=3, **{"extractor.temperature": 0.5}), tmp_path, tmp_path)
 
 
 def test_a_reporter_can_stop_the_run_and_it_is_checkpointed(engine, tmp_path):

@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import shutil
 import threading
+from datetime import timedelta
 
 import pytest
 import torch
 from django.db import connection
+from django.utils import timezone
 
 from experience.models import Experience, Merge, SearchAsk
 from tests.conftest import wait_for
 from trainer import assemble
 from trainer.checkpoint import read_checkpoint
-from trainer.coevolution import JOURNAL_FILE, STATE_FILE
+from trainer.coevolution import JOURNAL_FILE, STATE_FILE, work_left
 from trainer.config import get_preset
-from trainer.extractor.track import TrackJournal
+from trainer.experiments.files import read_lines
+from trainer.extractor.track import TrackJournal, _Merge
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.rollout.base import Generation
 from webapp.models import MetricRow, Run
@@ -179,5 +182,39 @@ def test_a_complementary_run_on_a_worker_distils_merges_asks_trains_both_models_
         assert saved["pending_credits"] == [] and isinstance(saved["unfinished"], list)
         journal = TrackJournal(run_dir(run) / JOURNAL_FILE).done
         assert len(journal) >= saved["counts"]["merges"] + 1  # every merge and at least one distil batch
+    finally:
+        shutil.rmtree(run_dir(run), ignore_errors=True)
+
+
+@pytest.mark.timeout(1200)
+def test_a_run_that_died_after_its_last_step_is_resumed_to_finish_the_extractors_queued_work(user):
+    cfg = _config(prepare_default_models(default_model_path())) | {"steps": 1}
+    run = Run.objects.create(name="last-step", owner=user, method=cfg["method"], env=cfg["env"], config=cfg)
+    assert run.claim("test") and train_claimed(run) == Run.Status.SUCCEEDED, run.error
+    try:
+        before = MetricRow.objects.get(run=run, kind="train", step=1).values
+        # the worker dies after the last step's checkpoint, with a merge pass still queued on the track
+        state = read_checkpoint(run_dir(run))
+        saved_path = state.path / "extractor" / STATE_FILE
+        saved = torch.load(saved_path, weights_only=False)
+        saved["unfinished"].append(_Merge("lost-merge", 1))
+        torch.save(saved, saved_path)
+        assert work_left(run_dir(run), state.path)
+        lost = timezone.now() - timedelta(hours=1)
+        Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, heartbeat_at=lost)
+
+        run.refresh_from_db()
+        assert run.claim("test") and train_claimed(run) == Run.Status.SUCCEEDED, run.error
+        # the resumed attempt trained no step, did the queued merge pass and journaled it ...
+        assert "lost-merge" in TrackJournal(run_dir(run) / JOURNAL_FILE).done
+        assert not work_left(run_dir(run), state.path)  # a third start would only mark it done
+        # ... and wrote the last step's row again: the actor's figures as they were, the extractor's updated
+        after = MetricRow.objects.get(run=run, kind="train", step=1).values
+        assert after["extractor/merges"] == before["extractor/merges"] + 1
+        actors = [k for k in before if not k.startswith(("extractor/", "bank/"))]
+        assert "train/success" in actors and {k: after[k] for k in actors} == {k: before[k] for k in actors}
+        on_file = [r for r in read_lines(run_dir(run) / "metrics.jsonl") if r["kind"] == "step"]
+        assert {r["step"] for r in on_file} == {1}  # the last row of a step wins (the report reads it so)
+        assert on_file[-1]["extractor/merges"] == after["extractor/merges"]
     finally:
         shutil.rmtree(run_dir(run), ignore_errors=True)
