@@ -114,6 +114,9 @@ class ConsoleReporter(BaseReporter):
     def on_start(self, total_steps: int, start_step: int) -> None:
         self.total = total_steps
         self.started = time.perf_counter()
+        if start_step > total_steps:  # it died after its last step (trainer.coevolution.work_left)
+            self._print(f"training: all {total_steps} steps done; finishing the extractor's queued work")
+            return
         where = "starting" if start_step == 1 else f"resuming at step {start_step}"
         self._print(f"training: {where} of {total_steps}")
 

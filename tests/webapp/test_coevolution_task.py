@@ -207,6 +207,8 @@ def test_a_run_that_died_after_its_last_step_is_resumed_to_finish_the_extractors
         assert run.claim("test") and train_claimed(run) == Run.Status.SUCCEEDED, run.error
         # the resumed attempt trained no step, did the queued merge pass and journaled it ...
         assert "lost-merge" in TrackJournal(run_dir(run) / JOURNAL_FILE).done
+        log = (run_dir(run) / "log.txt").read_text()
+        assert "all 1 steps done; finishing the extractor's queued work" in log
         assert not work_left(run_dir(run), state.path)  # a third start would only mark it done
         # ... and wrote the last step's row again: the actor's figures as they were, the extractor's updated
         after = MetricRow.objects.get(run=run, kind="train", step=1).values
