@@ -102,19 +102,28 @@ def test_a_resumed_track_does_the_checkpoints_unfinished_work_less_what_the_lost
     options = dict(scopes=[SCOPE], distil_batch=1, journal=tmp_path / "extractor_track.jsonl")
     distilled: list[str] = []
     real_distil = extractor.distil
-    checkpointed = threading.Event()
+    second_batch, checkpointed = threading.Event(), threading.Event()
 
-    def distil_and_die_after_the_first_batch(requests):
-        checkpointed.wait(60)  # the checkpoint is taken while the step's episodes are still queued
+    def distil_with_a_checkpoint_during_the_second_batch_and_die_after_it(requests):
+        if distilled:
+            second_batch.set()
+            checkpointed.wait(600)  # the first batch is done, the second under way
         distilled.extend(r.episode_id for r in requests)
         results = real_distil(requests)
-        lost.cancel.set()  # the process is killed after its first batch
+        if len(distilled) == 2:
+            lost.cancel.set()  # the process is killed after its second batch
         return results
 
-    monkeypatch.setattr(extractor, "distil", distil_and_die_after_the_first_batch)
+    monkeypatch.setattr(
+        extractor, "distil", distil_with_a_checkpoint_during_the_second_batch_and_die_after_it
+    )
     lost = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
+    calls_before = extractor.stats.calls["distil"]
     try:
-        lost.submit(1, [_episode(0), _episode(1)], [Credit("1:task-0", True, entry_id=entry.entry_id)])
+        lost.submit(
+            1, [_episode(0), _episode(1), _episode(2)], [Credit("1:task-0", True, entry_id=entry.entry_id)]
+        )
+        assert second_batch.wait(600)
         with lost.update_lock:
             lost.settle_credits()
             state = lost.state_dict()
@@ -122,9 +131,11 @@ def test_a_resumed_track_does_the_checkpoints_unfinished_work_less_what_the_lost
         assert lost.drain(timeout=600)
     finally:
         lost.close(timeout=60)
-    assert distilled == ["1:task-0"]  # the premise: one batch done after the checkpoint, one lost
-    assert [len(item.requests) for item in state["unfinished"]] == [2]
+    assert distilled == ["1:task-0", "1:task-1"]  # the premise: one batch before the checkpoint, one after
+    assert [len(item.requests) for item in state["unfinished"]] == [3]
     assert state["counts"]["credited"] == 1 and not state["pending_credits"]  # credited once, in the buffer
+    assert state["counts"]["distilled"] == 1  # the batch under way is not the checkpoint's yet
+    assert state["extractor_stats"]["calls"]["distil"] == calls_before + 1
 
     resumed = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
     try:
@@ -132,7 +143,52 @@ def test_a_resumed_track_does_the_checkpoints_unfinished_work_less_what_the_lost
         assert resumed.drain(timeout=600)
     finally:
         resumed.close(timeout=60)
-    assert distilled == ["1:task-0", "1:task-1"]  # the lost batch once; the finished one not again
-    assert resumed.counts["distilled"] == 1 and resumed.counts["credited"] == 1
+    assert distilled == [
+        "1:task-0",
+        "1:task-1",
+        "1:task-2",
+    ]  # the lost batch once; the finished ones not again
+    # counted as if never killed: the batch finished after the checkpoint from the journal, none twice
+    assert resumed.counts["distilled"] == 3 and resumed.counts["credited"] == 1
+    assert extractor.stats.calls["distil"] == calls_before + 3
     assert len(resumed.buffer.pending) == 1  # the credit came back with the buffer, not twice
     assert resumed.state_dict()["unfinished"] == []
+
+
+def test_a_merge_pass_finished_after_the_checkpoint_is_counted_by_the_resumed_track_not_done_again(
+    manager, extractor, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(manager, "merge_chunk", 2)
+    manager.apply([Add(SCOPE, t, c) for t, c in LESSONS], step=1)
+    options = dict(scopes=[SCOPE], journal=tmp_path / "extractor_track.jsonl")
+    lost = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
+    states = []
+
+    def checkpoint_during_the_first_chunk(track):
+        with track.update_lock:
+            track.settle_credits()
+            states.append(track.state_dict())
+
+    merge_calls_before = extractor.stats.calls["merge"]
+    chunks = _merge_while_the_actor_goes_on(lost, "merges", checkpoint_during_the_first_chunk, monkeypatch)
+    [state] = states
+    assert len(chunks) >= 2 and lost.counts["merges"] == 1  # the premise: the pass ended after the checkpoint
+    assert [type(item).__name__ for item in state["unfinished"]] == ["_Merge"]
+    assert (
+        state["counts"].get("merges", 0) == 0
+        and state["extractor_stats"]["calls"].get("merge", 0) == merge_calls_before
+    )
+
+    passes, real_merge = [], manager.merge
+    monkeypatch.setattr(manager, "merge", lambda *a, **k: passes.append(a) or real_merge(*a, **k))
+    resumed = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
+    try:
+        resumed.load_state_dict(state)
+        assert resumed.drain(timeout=600)
+    finally:
+        resumed.close(timeout=60)
+    assert passes == []  # not done again
+    for name in ("merges", "merge_chunks", "merge_removed", "merge_created", "merge_unparseable"):
+        assert resumed.counts[name] == lost.counts[name], name
+    assert extractor.stats.calls["merge"] == merge_calls_before + len(chunks)
+    assert resumed._merge_keys == lost._merge_keys  # its entries are credited as merges

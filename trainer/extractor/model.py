@@ -98,6 +98,11 @@ class ExtractorStats:
         for name in self.COUNTERS:
             setattr(self, name, Counter(state.get(name, {})))
 
+    def add(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """Add counters shaped as ``state_dict``'s (what a lost attempt's finished work counted)."""
+        for name in self.COUNTERS:
+            getattr(self, name).update(counts.get(name, {}))
+
     def _log_failure(self, job: str, parsed: parsing.Parsed, raw: str, tokens: int) -> None:
         if self.failure_log is None:
             return
@@ -121,6 +126,16 @@ class ExtractorStats:
             out[f"{prefix}ops_{kind}"] = float(self.ops[kind])
         out[f"{prefix}parse_failures"] = float(sum(self.unparseable.values()))
         return out
+
+
+def job_counts(state: Mapping[str, Mapping[str, int]], job: str) -> dict[str, dict[str, int]]:
+    """The part of ``ExtractorStats.state_dict()`` that ``job``'s calls count (operations come from
+    distillation alone); the jobs' parts are disjoint."""
+    return {
+        name: dict(counts) if name == "ops" else {job: counts[job]}
+        for name, counts in state.items()
+        if (name == "ops" and job == "distil") or (name != "ops" and job in counts)
+    }
 
 
 class Extractor:
@@ -237,6 +252,10 @@ class Extractor:
     def load_stats_state(self, state: Mapping[str, Mapping[str, int]]) -> None:
         with self._stats_lock:
             self.stats.load_state_dict(state)
+
+    def add_stats(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        with self._stats_lock:
+            self.stats.add(counts)
 
     # ---- the three jobs ----------------------------------------------------------------------
 

@@ -23,8 +23,9 @@ failure (a stale engine above all) is loud, never silent.
 
 A killed or stopped run loses none of the work it had queued: a checkpoint credits what was submitted and
 keeps the unfinished items (episodes to distil, merges), and the track writes each distillation batch and
-merge it finishes to a journal (``TrackJournal``). A run resumed from the checkpoint does the items again,
-less the batches the journal says the lost process finished after the checkpoint.
+merge it finishes to a journal (``TrackJournal``), with what it counted. A run resumed from the checkpoint
+does the items again, less the batches the journal says the lost process finished after the checkpoint, and
+counts those from the journal: its figures are the ones an uninterrupted run would report.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from trainer.cancel import Cancelled, CancelToken
 from trainer.extractor.credit import CreditBuffer, generation_key
-from trainer.extractor.model import DistilRequest, Extractor
+from trainer.extractor.model import DistilRequest, Extractor, job_counts
 from trainer.extractor.update import ExtractorUpdate
 from trainer.memory import release_freed_memory
 from trainer.store import ExperienceStore, Generation, GuidedOutcome
@@ -81,36 +82,62 @@ class _Merge:
     step: int
 
 
+@dataclass(frozen=True)
+class Finished:
+    """One journaled piece of work: what it added to the track's and to πϕ's counters, and the generation
+    keys of the merged entries it wrote."""
+
+    counts: dict
+    stats: dict
+    merge_keys: tuple[str, ...] = ()
+
+
 class TrackJournal:
-    """The keys of the work the track finished, one JSON line each in ``path`` (None: in memory only).
+    """The work the track finished, one JSON line each in ``path`` (None: in memory only).
 
     A checkpoint lists the track's unfinished items; the lost process may have finished some of them after
-    that checkpoint, and the bank (the database) kept what it did. The journal is how the resumed run knows.
+    that checkpoint, and the bank (the database) kept what it did. The journal is how the resumed run knows,
+    and what that work counted.
     """
 
     def __init__(self, path: Path | None) -> None:
         self.path = Path(path) if path is not None else None
-        self.done = self._read()
+        self.finished = self._read()
 
-    def _read(self) -> set[str]:
+    @property
+    def done(self) -> set[str]:
+        return set(self.finished)
+
+    def _read(self) -> dict[str, Finished]:
         if self.path is None or not self.path.exists():
-            return set()
-        done = set()
+            return {}
+        finished = {}
         for line in self.path.read_text(errors="replace").splitlines():
             try:
-                done.add(json.loads(line)["done"])
-            except (ValueError, KeyError, TypeError):
+                row = json.loads(line)
+                finished[row["done"]] = Finished(
+                    row.get("counts", {}), row.get("stats", {}), tuple(row.get("merge_keys", ()))
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a line torn by the kill: that work is done again
-        return done
+        return finished
 
-    def record(self, key: str) -> None:
-        self.done.add(key)
+    def record(self, key: str, finished: Finished | None = None) -> None:
+        finished = self.finished[key] = finished or Finished({}, {})
         if self.path is None:
             return
+        row = {"done": key, "counts": finished.counts, "stats": finished.stats}
+        if finished.merge_keys:
+            row["merge_keys"] = list(finished.merge_keys)
         with self.path.open("a") as f:
-            f.write(json.dumps({"done": key}) + "\n")
+            f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def _item_of(journal_key: str) -> str:
+    """The item a journal key belongs to (a distillation batch's key is ``<item key>/<first index>``)."""
+    return journal_key.split("/", 1)[0]
 
 
 class ExtractorTrack:
@@ -149,6 +176,8 @@ class ExtractorTrack:
         self._merge_keys: set[str] = set()
         self._pending_credits: list[Credit] = []
         self.journal = TrackJournal(journal)
+        self._in_flight: dict[str, dict] = {}
+        """Per job (distil, merge), πϕ's counters when its piece of work under way began."""
         self._keys = (f"{uuid.uuid4().hex[:8]}:{n}" for n in itertools.count())
         self._unfinished: dict[str, _Episodes | _Merge] = {}
         self._episodes: deque[_Episodes] = deque()
@@ -235,19 +264,32 @@ class ExtractorTrack:
     def state_dict(self) -> dict:
         """πϕ's optimiser and credit state and the unfinished work, for a checkpoint; the caller holds
         ``update_lock`` (and calls ``settle_credits`` first)."""
-        with self._lock:
+        with self._lock:  # the counters and the journal as of the same moment
             counts = dict(self.counts)
+            stats = self._finished_stats()
             unfinished = list(self._unfinished.values())
             credits = list(self._pending_credits)
+            keys = set(self._unfinished)
+            journaled = sorted(k for k in self.journal.finished if _item_of(k) in keys)
         return {
             "optimizer": self.update.optimizer.state_dict() if self.update else None,
             "buffer": self.buffer.state_dict(),
             "merge_keys": sorted(self._merge_keys),
             "counts": counts,
-            "extractor_stats": self.extractor.stats_state(),
+            "extractor_stats": stats,
             "unfinished": unfinished,
+            "journaled": journaled,
             "pending_credits": credits,
         }
+
+    def _finished_stats(self) -> dict:
+        """πϕ's counters less what the work under way has counted so far (it is done again, or
+        journaled, by a resumed run); the caller holds ``_lock``."""
+        stats = self.extractor.stats_state()
+        for job, before in self._in_flight.items():
+            for name, counts in job_counts(stats, job).items():
+                stats[name] = {**stats[name], **dict.fromkeys(counts, 0), **before.get(name, {})}
+        return stats
 
     def load_state_dict(self, state: dict) -> None:
         """Also the counters, so that a resumed run's cumulative figures go on from the checkpoint's, and
@@ -263,10 +305,24 @@ class ExtractorTrack:
             self._pending_credits = list(state.get("pending_credits", [])) + self._pending_credits
         self.extractor.load_stats_state(state.get("extractor_stats", {}))
         unfinished = state.get("unfinished", [])
+        self._count_what_the_lost_attempt_finished(unfinished, state.get("journaled"))
         with self._lock:  # the steps they came from are past warm-up or not, as before the kill
             self.latest_step = max([self.latest_step, *(item.step for item in unfinished)])
         for item in unfinished:
             self._enqueue(item)
+
+    def _count_what_the_lost_attempt_finished(self, unfinished: Sequence, journaled: Sequence | None) -> None:
+        """Count the journaled work on the checkpoint's unfinished items that the checkpoint does not: the
+        lost attempt finished it afterwards (a checkpoint that lists no journaled keys counts none)."""
+        if journaled is None:
+            return
+        keys = {item.key for item in unfinished}
+        before = set(journaled)
+        for key, finished in self.journal.finished.items():
+            if _item_of(key) in keys and key not in before:
+                self._count(**finished.counts)
+                self.extractor.add_stats(finished.stats)
+                self._merge_keys.update(finished.merge_keys)
 
     # ---- the background thread -----------------------------------------------------------------------
 
@@ -310,6 +366,26 @@ class ExtractorTrack:
             self._merge(item)
         with self._lock:
             del self._unfinished[item.key]
+            if isinstance(item, _Episodes) and item.key not in self.journal.finished:
+                self.journal.record(item.key)  # all its batches are: nothing of it is left to do
+
+    def _begin(self, job: str) -> None:
+        """A piece of ``job``'s work starts: what πϕ counts until ``_finish`` is not yet the checkpoint's."""
+        with self._lock:
+            self._in_flight[job] = job_counts(self.extractor.stats_state(), job)
+
+    def _finish(self, key: str, job: str, counts: Metrics, merge_keys: Sequence[str] = ()) -> None:
+        """Journal a finished piece of work with what it counted, and count it, at one moment for a
+        checkpoint."""
+        with self._lock:
+            before = self._in_flight.pop(job)
+            stats = {
+                name: delta
+                for name, now in job_counts(self.extractor.stats_state(), job).items()
+                if (delta := {k: v - before.get(name, {}).get(k, 0) for k, v in now.items()})
+            }
+            self.journal.record(key, Finished(dict(counts), stats, tuple(merge_keys)))
+            self.counts.update(counts)
 
     def _settle(self) -> None:
         """One item is over: done, dropped by a cancel, or stopped by an error."""
@@ -362,31 +438,35 @@ class ExtractorTrack:
         requests = item.requests
         for i in range(0, len(requests), self.distil_batch):
             batch_key = f"{item.key}/{i}"
-            if batch_key in self.journal.done:
+            if batch_key in self.journal.finished:
                 continue  # finished by the attempt that checkpointed this item
             self.cancel.check()
             if i:
                 self._catch_up()
+            self._begin("distil")
             t0 = time.perf_counter()
             results = self.extractor.distil(requests[i : i + self.distil_batch])
             t1 = time.perf_counter()
             ops = [op for r in results for op in r.ops]
             applied = self.store.apply(ops, step=item.step) if ops else []
-            self.journal.record(batch_key)
-            self._count(
-                distilled=len(results),
-                ops_applied=sum(r.ok and r.entry_id is not None for r in applied),
-                ops_refused=sum(not r.ok for r in applied),
-                distil_s=t1 - t0,
-                apply_s=time.perf_counter() - t1,
-            )
+            counts = {
+                "distilled": len(results),
+                "ops_applied": sum(r.ok and r.entry_id is not None for r in applied),
+                "ops_refused": sum(not r.ok for r in applied),
+                "distil_s": t1 - t0,
+                "apply_s": time.perf_counter() - t1,
+            }
+            self._finish(batch_key, "distil", counts)
 
     def _merge(self, item: _Merge) -> None:
         """A merge the lost attempt left half done is done again whole: a pass over a merged bank."""
-        if item.key in self.journal.done:
+        if item.key in self.journal.finished:
             return
+        self._begin("merge")
         t0 = time.perf_counter()
         merge_fn = self.extractor.merge_fn
+        counts: Counter = Counter()
+        merge_keys: list[str] = []
 
         def remember(chunk):  # merged entries' generations are credited as merges
             self._catch_up()
@@ -394,12 +474,13 @@ class ExtractorTrack:
             self.cancel.check()
             plan = merge_fn(chunk)
             if plan.generation is not None:
-                self._merge_keys.add(generation_key(plan.generation))
+                merge_keys.append(generation_key(plan.generation))
+                self._merge_keys.add(merge_keys[-1])
             return plan
 
         for scope in self.scopes:
             report = self.store.merge(scope, remember, step=item.step)
-            self._count(
+            counts.update(
                 merges=1,
                 merge_chunks=report.chunks,
                 merge_removed=report.removed,
@@ -408,8 +489,8 @@ class ExtractorTrack:
                 merge_unparseable=report.unparseable,
                 merge_stale=report.stale,
             )
-        self._count(merge_s=time.perf_counter() - t0)
-        self.journal.record(item.key)
+        counts.update(merge_s=time.perf_counter() - t0)
+        self._finish(item.key, "merge", counts, merge_keys)
 
     def _maybe_train(self) -> None:
         if self.update is None or self.latest_step <= self.warmup_steps:
