@@ -137,17 +137,9 @@ def test_a_resumed_track_does_the_checkpoints_unfinished_work_less_what_the_lost
     assert state["counts"]["distilled"] == 1  # the batch under way is not the checkpoint's yet
     assert state["extractor_stats"]["calls"]["distil"] == calls_before + 1
 
-    resumed = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
-    try:
-        resumed.load_state_dict(state)
-        assert resumed.drain(timeout=600)
-    finally:
-        resumed.close(timeout=60)
-    assert distilled == [
-        "1:task-0",
-        "1:task-1",
-        "1:task-2",
-    ]  # the lost batch once; the finished ones not again
+    resumed = _resume(extractor, manager, state, options)
+    # the lost batch once; the finished ones not again
+    assert distilled == ["1:task-0", "1:task-1", "1:task-2"]
     # counted as if never killed: the batch finished after the checkpoint from the journal, none twice
     assert resumed.counts["distilled"] == 3 and resumed.counts["credited"] == 1
     assert extractor.stats.calls["distil"] == calls_before + 3
@@ -181,14 +173,20 @@ def test_a_merge_pass_finished_after_the_checkpoint_is_counted_by_the_resumed_tr
 
     passes, real_merge = [], manager.merge
     monkeypatch.setattr(manager, "merge", lambda *a, **k: passes.append(a) or real_merge(*a, **k))
+    resumed = _resume(extractor, manager, state, options)
+    assert passes == []  # not done again
+    for name in ("merges", "merge_chunks", "merge_removed", "merge_created", "merge_unparseable"):
+        assert resumed.counts[name] == lost.counts[name], name
+    assert extractor.stats.calls["merge"] == merge_calls_before + len(chunks)
+    assert resumed._merge_keys == lost._merge_keys  # its entries are credited as merges
+
+
+def _resume(extractor, manager, state, options) -> ExtractorTrack:
+    """A track that loads ``state`` (a checkpoint's) and finishes its work."""
     resumed = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
     try:
         resumed.load_state_dict(state)
         assert resumed.drain(timeout=600)
     finally:
         resumed.close(timeout=60)
-    assert passes == []  # not done again
-    for name in ("merges", "merge_chunks", "merge_removed", "merge_created", "merge_unparseable"):
-        assert resumed.counts[name] == lost.counts[name], name
-    assert extractor.stats.calls["merge"] == merge_calls_before + len(chunks)
-    assert resumed._merge_keys == lost._merge_keys  # its entries are credited as merges
+    return resumed
