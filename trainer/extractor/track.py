@@ -105,8 +105,9 @@ class TrackJournal:
         self.finished = self._read()
 
     @property
-    def done(self) -> set[str]:
-        return set(self.finished)
+    def done(self):
+        """The keys of the finished work (a set-like view)."""
+        return self.finished.keys()
 
     def _read(self) -> dict[str, Finished]:
         if self.path is None or not self.path.exists():
@@ -269,8 +270,7 @@ class ExtractorTrack:
             stats = self._finished_stats()
             unfinished = list(self._unfinished.values())
             credits = list(self._pending_credits)
-            keys = set(self._unfinished)
-            journaled = sorted(k for k in self.journal.finished if _item_of(k) in keys)
+            journaled = sorted(k for k in self.journal.finished if _item_of(k) in self._unfinished)
         return {
             "optimizer": self.update.optimizer.state_dict() if self.update else None,
             "buffer": self.buffer.state_dict(),
@@ -286,10 +286,19 @@ class ExtractorTrack:
         """πϕ's counters less what the work under way has counted so far (it is done again, or
         journaled, by a resumed run); the caller holds ``_lock``."""
         stats = self.extractor.stats_state()
-        for job, before in self._in_flight.items():
-            for name, counts in job_counts(stats, job).items():
-                stats[name] = {**stats[name], **dict.fromkeys(counts, 0), **before.get(name, {})}
+        for job in self._in_flight:
+            for name, delta in self._counted_since_begin(job).items():
+                stats[name] = dict(Counter(stats[name]) - Counter(delta))
         return stats
+
+    def _counted_since_begin(self, job: str) -> dict:
+        """What πϕ counted for ``job`` since ``_begin(job)``; the caller holds ``_lock``."""
+        before = self._in_flight[job]
+        return {
+            name: delta
+            for name, now in job_counts(self.extractor.stats_state(), job).items()
+            if (delta := {k: v - before.get(name, {}).get(k, 0) for k, v in now.items()})
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Also the counters, so that a resumed run's cumulative figures go on from the checkpoint's, and
@@ -378,12 +387,8 @@ class ExtractorTrack:
         """Journal a finished piece of work with what it counted, and count it, at one moment for a
         checkpoint."""
         with self._lock:
-            before = self._in_flight.pop(job)
-            stats = {
-                name: delta
-                for name, now in job_counts(self.extractor.stats_state(), job).items()
-                if (delta := {k: v - before.get(name, {}).get(k, 0) for k, v in now.items()})
-            }
+            stats = self._counted_since_begin(job)
+            del self._in_flight[job]
             self.journal.record(key, Finished(dict(counts), stats, tuple(merge_keys)))
             self.counts.update(counts)
 
