@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 
 from trainer.paths import var_dir
-from webapp import embedded
+from webapp import dbpool, embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()
@@ -99,8 +99,9 @@ TEMPLATES = [
 ]
 
 # ---- database ------------------------------------------------------------------------------
+# Every process holds a bounded pool of connections (webapp/dbpool.py: sizes by role), never persistent ones.
 if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60)}
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0)}
     if os.environ.get("STUDIO_DB_NAME"):  # a child process working on its parent's (e.g. test) database
         DATABASES["default"]["NAME"] = os.environ["STUDIO_DB_NAME"]
 else:
@@ -110,9 +111,10 @@ else:
             "NAME": os.environ.get("STUDIO_DB_NAME", embedded.DB_NAME),
             "USER": embedded.DB_USER,
             "HOST": str(embedded.pg_socket_dir()),
-            "CONN_MAX_AGE": 60,
         }
     }
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps connections; Django must hand them back each time
+DATABASES["default"].setdefault("OPTIONS", {}).update(dbpool.database_options())
 # STUDIO_TEST_DB: a test database of its own, for test sessions that run side by side.
 TEST_DB_NAME = os.environ.get("STUDIO_TEST_DB", "test_" + embedded.DB_NAME)
 DATABASES["default"].setdefault("TEST", {})["NAME"] = TEST_DB_NAME

@@ -43,3 +43,5 @@ urlpatterns = [
     path("", include("api.urls")),  # the account page and /api/v1/
     path("admin/", admin.site.urls),
 ]
+
+handler500 = "webapp.views_errors.server_error"  # a full connection pool answers 503, not 500
