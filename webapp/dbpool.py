@@ -1,10 +1,10 @@
 """Database connections: one bounded psycopg pool per process, sized by the process's role.
 
-Django's own pool (``OPTIONS["pool"]``, Django >= 5.1) replaces persistent connections: under ASGI every request
-runs its synchronous code in a thread of its own, and ``CONN_MAX_AGE`` kept one idle server connection per such
-thread, until PostgreSQL refused everyone ("too many clients already"). A pool hands each request a connection
-and takes it back when the request ends; when all of a process's connections are out, a request waits up to
-``STUDIO_DB_POOL_TIMEOUT`` s and then gets a 503 with ``Retry-After`` (``webapp.views_errors``).
+Django's own pool (``OPTIONS["pool"]``, Django >= 5.1) replaces persistent connections: under ASGI every
+request runs its synchronous code in a thread of its own, and ``CONN_MAX_AGE`` kept one idle server connection
+per such thread, until PostgreSQL refused everyone ("too many clients already"). A pool hands each request a
+connection and takes it back when the request ends; when all of a process's connections are out, a request
+waits up to ``STUDIO_DB_POOL_TIMEOUT`` s and then gets a 503 with ``Retry-After`` (``webapp.views_errors``).
 
 A process's role says how many connections it may hold at most:
 - ``web``: the ASGI server (pages, API and sockets; a request holds one for its duration);
@@ -61,7 +61,9 @@ def this_process() -> tuple[str, PoolSize]:
     max_size = int(os.environ.get("STUDIO_DB_POOL_SIZE", default.max_size))
     timeout_s = float(os.environ.get("STUDIO_DB_POOL_TIMEOUT", default.timeout_s))
     if max_size < 1 or timeout_s <= 0:
-        raise ValueError(f"STUDIO_DB_POOL_SIZE must be >= 1 and STUDIO_DB_POOL_TIMEOUT > 0 ({max_size}, {timeout_s})")
+        raise ValueError(
+            f"STUDIO_DB_POOL_SIZE must be >= 1 and STUDIO_DB_POOL_TIMEOUT > 0 ({max_size}, {timeout_s})"
+        )
     return role, PoolSize(max_size=max_size, timeout_s=timeout_s)
 
 
