@@ -7,12 +7,17 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, RawPostDataException
 from django.urls import reverse
 from ninja import NinjaAPI, Query, Status
-from ninja.errors import HttpError
-from ninja.pagination import paginate
+from ninja.errors import ValidationError
 
 from api.auth import AUTH, CallerThrottle, caller, signed_in, writing_caller
 from api.launch import form_errors, launch_form, preset_base
+from api.pagination import paginated
+from api.parser import StrictJSONParser
+from api.refusal import refusal
 from api.schemas import (
+    BIGINT_MAX,
+    INT_MAX,
+    BankSort,
     EpisodeOut,
     Error,
     ExperienceOut,
@@ -20,9 +25,10 @@ from api.schemas import (
     LaunchChanges,
     LaunchIn,
     LaunchOut,
-    LaunchRefused,
     MetricRowOut,
     MetricsOut,
+    PathId,
+    Refused,
     RunDetailOut,
     RunFilters,
     RunOut,
@@ -47,10 +53,13 @@ api = NinjaAPI(
     version="1",
     description="Runs, metrics, episodes and experience banks. Authenticate with a personal access token "
     "(`Authorization: Bearer crs_...`, made on your account page) or a browser session (writes then need "
-    "the `X-CSRFToken` header).",
+    "the `X-CSRFToken` header). A request the API cannot act on as written is refused with 422 and "
+    "`{detail, errors}`: a body that is not a JSON object, a key the operation does not document, a value of "
+    "another JSON type, a parameter out of range or not among its listed values.",
     urls_namespace="api-v1",
     auth=AUTH,
     throttle=[CallerThrottle()],
+    parser=StrictJSONParser(),
     docs_decorator=signed_in,
 )
 
@@ -58,6 +67,11 @@ api = NinjaAPI(
 @api.exception_handler(PermissionDenied)
 def _forbidden(request: HttpRequest, exc: PermissionDenied) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc) or "Forbidden"}, status=403)
+
+
+@api.exception_handler(ValidationError)
+def _refused(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    return api.create_response(request, refusal(exc.errors), status=422)
 
 
 @api.exception_handler(RawPostDataException)
@@ -93,12 +107,14 @@ def index(request: HttpRequest):
 
 
 @api.get("/runs", response=list[RunOut], tags=["runs"])
-@paginate
+@paginated
 def runs(request: HttpRequest, filters: Query[RunFilters]):
     """The runs the caller may see (their own, shared ones; all for staff), filtered as on the runs page."""
     form = RunFilterForm(filters.model_dump(exclude_none=True))
     if not form.is_valid():
-        raise HttpError(422, "; ".join(f"{f}: {' '.join(m)}" for f, m in form.errors.items()))
+        raise ValidationError(
+            [{"loc": ("query", f), "msg": " ".join(m), "type": "form"} for f, m in form.errors.items()]
+        )
     data = form.cleaned_data
     return run_list(caller(request).user, filters=data, sort=data["sort"] or "created").select_related(
         "experiment"
@@ -106,12 +122,14 @@ def runs(request: HttpRequest, filters: Query[RunFilters]):
 
 
 @api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
-def run(request: HttpRequest, run_id: int):
+def run(request: HttpRequest, run_id: PathId):
     return run_get(caller(request).user, run_id)
 
 
 @api.get("/runs/{run_id}/metrics", response={200: MetricsOut, 404: Error}, tags=["metrics"])
-def metrics(request: HttpRequest, run_id: int, max_points: int = Query(charts.MAX_POINTS, ge=2, le=10_000)):
+def metrics(
+    request: HttpRequest, run_id: PathId, max_points: int = Query(charts.MAX_POINTS, ge=2, le=10_000)
+):
     """Both kinds of series, thinned in the database like the run page's charts: at most ``max_points``
     points each (the last row of every bucket of steps, and the newest row)."""
     found = run_get(caller(request).user, run_id)
@@ -123,37 +141,48 @@ def metrics(request: HttpRequest, run_id: int, max_points: int = Query(charts.MA
 
 
 @api.get("/runs/{run_id}/metrics/rows", response=list[MetricRowOut], tags=["metrics"])
-@paginate
-def metric_rows(request: HttpRequest, run_id: int, kind: MetricRow.Kind | None = None, after: int = 0):
+@paginated
+def metric_rows(
+    request: HttpRequest,
+    run_id: PathId,
+    kind: MetricRow.Kind | None = None,
+    after: int = Query(0, ge=0, le=BIGINT_MAX),
+):
     """Every metric row, oldest first; ``after`` a row id (a series' ``cursor``) continues from it."""
     rows = MetricRow.objects.filter(run=run_get(caller(request).user, run_id), id__gt=after)
     return (rows.filter(kind=kind) if kind else rows).order_by("id")
 
 
 @api.get("/runs/{run_id}/episodes", response=list[EpisodeOut], tags=["episodes"])
-@paginate
-def episodes(request: HttpRequest, run_id: int, step: int | None = None):
+@paginated
+def episodes(request: HttpRequest, run_id: PathId, step: int | None = Query(None, ge=0, le=INT_MAX)):
     """Recorded rollouts with their turns, by step and task instance (``step`` picks one step)."""
     qs = EpisodeRecord.objects.filter(run=run_get(caller(request).user, run_id))
     return (qs if step is None else qs.filter(step=step)).order_by("step", "task_instance", "id")
 
 
 @api.get("/runs/{run_id}/bank", response=list[ExperienceOut], tags=["bank"])
-@paginate
-def bank(request: HttpRequest, run_id: int, scope: str = "", sort: str = "recent", pinned: bool = False):
+@paginated
+def bank(
+    request: HttpRequest,
+    run_id: PathId,
+    scope: str = Query("", max_length=100),
+    sort: BankSort = "recent",
+    pinned: bool = False,
+):
     """The run's live experience bank; ``sort``: recent (changed), usage (retrievals), success (when used)."""
     return bank_browse(run_get(caller(request).user, run_id), scope=scope, sort=sort, pinned=pinned)
 
 
 @api.get("/runs/{run_id}/bank/{entry_id}", response={200: ExperienceOut, 404: Error}, tags=["bank"])
-def bank_entry_detail(request: HttpRequest, run_id: int, entry_id: int):
+def bank_entry_detail(request: HttpRequest, run_id: PathId, entry_id: PathId):
     """One entry (a deleted one too: ``deleted_at`` says when)."""
     return bank_entry(run_get(caller(request).user, run_id), entry_id)
 
 
 # ---- writes ----------------------------------------------------------------------------------------
 
-LAUNCH_RESPONSES = {200: LaunchOut, 201: LaunchOut, 403: Error, 404: Error, 422: LaunchRefused}
+LAUNCH_RESPONSES = {200: LaunchOut, 201: LaunchOut, 403: Error, 404: Error, 422: Refused}
 
 
 def _launch_answer(launched: Launched | None, form) -> Status:
@@ -180,7 +209,7 @@ def launch(request: HttpRequest, body: LaunchIn):
 
 
 @api.post("/runs/{run_id}/clone", response=LAUNCH_RESPONSES, tags=["runs"])
-def clone(request: HttpRequest, run_id: int, body: LaunchChanges):
+def clone(request: HttpRequest, run_id: PathId, body: LaunchChanges):
     """Launch a copy of a visible run's config, with ``config`` changes, as the page's "clone" does."""
     user = writing_caller(request).user
     _require_launch(user)
@@ -190,7 +219,7 @@ def clone(request: HttpRequest, run_id: int, body: LaunchChanges):
 
 
 @api.post("/runs/{run_id}/resume", response={201: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])
-def resume(request: HttpRequest, run_id: int):
+def resume(request: HttpRequest, run_id: PathId):
     """A new run continuing this one (the caller's, or any for staff) from its last checkpoint."""
     user = writing_caller(request).user
     found = run_get_managed(user, run_id)
@@ -199,6 +228,6 @@ def resume(request: HttpRequest, run_id: int):
 
 
 @api.post("/runs/{run_id}/cancel", response={200: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])
-def cancel(request: HttpRequest, run_id: int):
+def cancel(request: HttpRequest, run_id: PathId):
     """Cancel a queued run now, or ask a running one to stop between steps (the caller's; any for staff)."""
     return run_cancel(run_get_managed(writing_caller(request).user, run_id))

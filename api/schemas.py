@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from django.urls import reverse
-from ninja import Field, Schema
+from ninja import Field, Path, Schema
+from pydantic import ConfigDict
 
+from webapp.forms import RunFilterForm
 from webapp.models import Run
+from webapp.selectors import BANK_SORTS
+
+BIGINT_MAX = 2**63 - 1
+"""PostgreSQL's largest bigint: ids, offsets and cursors beyond it would fail in the database, not here."""
+INT_MAX = 2**31 - 1
+"""PostgreSQL's largest integer (a step)."""
+
+PathId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
+"""A run's or an entry's id in a URL."""
+BankSort = Literal[tuple(BANK_SORTS)]
+"""recent (changed), usage (retrievals), success (when used)."""
+
+
+def _form_choices(field: str):
+    """A run filter form field's choices as a Literal, so the schema lists the values the form accepts."""
+    return Literal[tuple(value for value, _ in RunFilterForm.base_fields[field].choices)]
+
+
+class RequestBody(Schema):
+    """A request body: exactly a JSON object of the documented keys with values of their JSON types. An
+    unknown key, another JSON value (a list, a string, null) or a value of another type is refused (422);
+    nothing is coerced ("2" is not 2, 1 is not true)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Error(Schema):
@@ -80,12 +106,12 @@ class RunFilters(Schema):
     """The run list's filters, judged by the runs page's own filter form."""
 
     q: str | None = Field(None, description="Part of the name or environment.")
-    status: str | None = None
-    method: str | None = None
+    status: _form_choices("status") | None = None
+    method: _form_choices("method") | None = None
     env: str | None = None
     tag: str | None = None
     mine: bool = False
-    sort: str | None = Field(None, description="created (default), oldest, name, step, status, success.")
+    sort: _form_choices("sort") | None = Field(None, description="Default: created (newest first).")
 
 
 class SeriesOut(Schema):
@@ -147,7 +173,7 @@ class ExperienceOut(Schema):
     deleted_at: datetime | None
 
 
-class LaunchChanges(Schema):
+class LaunchChanges(RequestBody):
     """A launch, in the launch form's terms: every value is judged by the form itself."""
 
     config: dict[str, Any] = Field(
@@ -180,8 +206,12 @@ class LaunchOut(Schema):
     again: bool = Field(description="True if this submission key had launched these runs already.")
 
 
-class LaunchRefused(Schema):
-    detail: str
+class Refused(Schema):
+    """Every 422: a request the API will not act on, and why."""
+
+    detail: str = Field(description="The reasons in one line.")
     errors: dict[str, list[str]] = Field(
-        description="Messages by config key (or launch field), exactly as the launch form shows them."
+        description="Messages by what the caller wrote: a parameter or body key the request's shape refuses "
+        "('body' for the body as a whole), or a config key or launch field, exactly as the launch form shows "
+        "them."
     )
