@@ -38,6 +38,26 @@ class BankError(ValueError):
     """A write that cannot be done as asked (unknown or deleted entry, stale undo...)."""
 
 
+class EntryDeleted(BankError):
+    """The entry was deleted: it takes no edit or pin until its deletion is undone."""
+
+
+class EntryChanged(BankError):
+    """The entry changed since the version the writer started from (``version`` is its version now)."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+def _check_version(e: Experience, expected_version: int | None) -> None:
+    if expected_version is not None and e.version != expected_version:
+        raise EntryChanged(
+            f"experience #{e.pk} changed since version {expected_version} (it is at version {e.version})",
+            e.version,
+        )
+
+
 def entry_text(title: str, content: str) -> str:
     """What gets embedded for an entry."""
     return f"{title}\n{content}"
@@ -237,9 +257,8 @@ def update(
     e = _locked(entry_id, run_id)
     lock_bank(e.run_id)
     if e.deleted_at is not None:
-        raise BankError(f"experience #{entry_id} was deleted")
-    if expected_version is not None and e.version != expected_version:
-        raise BankError(f"experience #{entry_id} changed meanwhile (version {e.version})")
+        raise EntryDeleted(f"experience #{entry_id} was deleted")
+    _check_version(e, expected_version)
     before = snapshot(e)
     e.title, e.content, e.embedding, e.embedding_model = title, content, vector, embedding_model
     e.updated_step = step
@@ -266,12 +285,14 @@ def delete(
     user=None,
     merge: Merge | None = None,
     batch: str = "",
+    expected_version: int | None = None,
 ) -> Experience:
     """Soft deletion: the row stays (history, undo, credit of its generation) but is never retrieved."""
     e = _locked(entry_id, run_id)
     lock_bank(e.run_id)
     if e.deleted_at is not None:
-        raise BankError(f"experience #{entry_id} was already deleted")
+        raise EntryDeleted(f"experience #{entry_id} was already deleted")
+    _check_version(e, expected_version)
     before = snapshot(e)
     e.deleted_at = timezone.now()
     _save_text(e)
@@ -280,11 +301,14 @@ def delete(
 
 
 @transaction.atomic
-def set_pinned(entry_id: int, pinned: bool, *, user=None, actor: str = Actor.PERSON) -> Experience:
+def set_pinned(
+    entry_id: int, pinned: bool, *, user=None, actor: str = Actor.PERSON, expected_version: int | None = None
+) -> Experience:
     e = _locked(entry_id)
     lock_bank(e.run_id)
     if e.deleted_at is not None:
-        raise BankError(f"experience #{entry_id} was deleted: restore it (undo) before pinning it")
+        raise EntryDeleted(f"experience #{entry_id} was deleted: restore it (undo) before pinning it")
+    _check_version(e, expected_version)
     if e.pinned == pinned:
         return e
     before = snapshot(e)

@@ -45,10 +45,11 @@ def experience_add(run, scope: str, title: str, content: str, *, user=None, step
 
 
 def experience_edit(
-    entry: Experience, title: str, content: str, *, user=None, expected_version: int | None = None
+    entry: Experience, title: str, content: str, *, expected_version: int, user=None
 ) -> Experience:
     """A person's edit, recorded at the run's current step. ``expected_version``: the version the person
-    edited; if the entry changed since, ``BankError`` and nothing is saved (no lost update)."""
+    edited (always given: an edit that does not say what it started from could overwrite newer text); if
+    the entry changed since, ``bank.EntryChanged`` and nothing is saved (no lost update)."""
     embedder = _embedder(entry.run_id)
     vector = embedder.embed_one(bank.entry_text(title, content))
     step = entry.run.step if entry.run_id else entry.updated_step
@@ -59,14 +60,19 @@ def experience_edit(
         )  # fmt: skip
 
 
-def experience_pin(entry: Experience, pinned: bool = True, *, user=None) -> Experience:
+def experience_pin(
+    entry: Experience, pinned: bool = True, *, user=None, expected_version: int | None = None
+) -> Experience:
+    """Pin or unpin; ``expected_version`` (when the page sent it): refused if the entry changed since."""
     with write_access(entry.run_id):
-        return bank.set_pinned(entry.pk, pinned, user=user)
+        return bank.set_pinned(entry.pk, pinned, user=user, expected_version=expected_version)
 
 
-def experience_delete(entry: Experience, *, user=None) -> Experience:
+def experience_delete(entry: Experience, *, user=None, expected_version: int | None = None) -> Experience:
+    """Delete (undoable); ``expected_version`` (when the page sent it): refused if the entry changed since,
+    so a person never deletes text they have not seen."""
     with write_access(entry.run_id):
-        return bank.delete(entry.pk, actor=Actor.PERSON, user=user)
+        return bank.delete(entry.pk, actor=Actor.PERSON, user=user, expected_version=expected_version)
 
 
 def experience_prune(run, ids: list[int], *, user=None) -> tuple[int, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.core.exceptions import BadRequest
 from django.core.validators import RegexValidator
+from django.http import QueryDict
 
 from experience.selectors import PruneRule
 from experience.transfer import CONTENT_MAX, FILE_MAX_BYTES, TITLE_MAX
@@ -30,6 +33,64 @@ ABLATIONS = (
     "no_reweighting",
 )
 MAX_SEEDS = 16
+INT_MAX = 2**31 - 1
+"""The largest PostgreSQL ``integer`` (steps, versions, counters)."""
+ID_MAX = 2**63 - 1
+"""The largest PostgreSQL ``bigint`` (row ids)."""
+
+
+# ---- checked values from request parameters ------------------------------------------------------------
+
+
+class BadParameter(BadRequest):
+    """A malformed or out-of-range request parameter: a 400 whose message names it and says what it takes."""
+
+
+def int_param(
+    params: QueryDict, name: str, *, default: int | None = None, min_value: int = 0, max_value: int = INT_MAX
+) -> int | None:
+    """The whole number ``params[name]`` within [min_value, max_value]; ``default`` when absent or empty;
+    anything else is ``BadParameter`` (never a database error, never a silent default)."""
+    raw = params.get(name, "")
+    if raw == "":
+        return default
+    field = forms.IntegerField(min_value=min_value, max_value=max_value)
+    try:
+        return field.clean(raw)
+    except forms.ValidationError:
+        raise BadParameter(
+            f"{name} must be a whole number from {min_value} to {max_value} (got {raw[:40]!r})"
+        ) from None
+
+
+HIDDEN_CHARACTERS = {0x061C, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF}
+HIDDEN_CHARACTERS |= {*range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+"""Invisible and direction-changing characters: zero-width ones, bidi marks, embeddings, overrides and
+isolates, line and paragraph separators (a name holding one reads differently from what it is)."""
+
+
+def _hidden_character(char: str) -> bool:
+    return ord(char) in HIDDEN_CHARACTERS or unicodedata.category(char) in ("Cc", "Cf")
+
+
+def shown(text: str) -> str:
+    """``text`` with each hidden character written as its code point, for a message that quotes it."""
+    return "".join(f"<U+{ord(c):04X}>" if _hidden_character(c) else c for c in text)
+
+
+def no_hidden_characters(text: str) -> None:
+    """Refuse a name or tag holding a control, invisible or direction-changing character, naming it."""
+    char = next((c for c in text if _hidden_character(c)), None)
+    if char is None:
+        return
+    what = (
+        "a control character"
+        if unicodedata.category(char) == "Cc"
+        else "an invisible or direction-changing character"
+    )
+    label = f"U+{ord(char):04X}" + (f" {unicodedata.name(char)}" if unicodedata.name(char, "") else "")
+    raise forms.ValidationError(f"contains {what} ({label}); remove it")
+
 
 # form field -> dotted config key: where a field's value goes, and which field a ConfigError is about
 CONFIG_FIELDS = {
@@ -200,7 +261,12 @@ class LaunchForm(forms.Form):
 
     template = forms.ChoiceField(required=False, label="Start from a template")
     """A config file that fills the form (only fills it: what launches is what the form then says)."""
-    name = forms.CharField(max_length=150, required=False, help_text="Default: method and environment.")
+    name = forms.CharField(
+        max_length=150,
+        required=False,
+        validators=[no_hidden_characters],
+        help_text="Default: method and environment.",
+    )
     preset = forms.ChoiceField(choices=[(p, p) for p in PRESETS], initial="cpu")
     env = forms.ChoiceField(label="Environment or mixture")
     method = forms.ChoiceField(choices=[(m, m) for m in METHODS])
@@ -236,6 +302,7 @@ class LaunchForm(forms.Form):
     experiment = forms.SlugField(
         max_length=80,
         required=False,
+        validators=[no_hidden_characters],
         label="Experiment name",
         help_text="Set a name to launch a grid instead of one run: every method below × every seed below, "
         "all on this form's config and budget.",
@@ -273,7 +340,13 @@ class LaunchForm(forms.Form):
         return clean_model_path(self.cleaned_data["extractor_model"])
 
     def clean_tags(self) -> list[str]:
-        return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+        tags = [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+        for tag in tags:
+            try:
+                no_hidden_characters(tag)
+            except forms.ValidationError as err:
+                raise forms.ValidationError(f"the tag {shown(tag)!r} {err.messages[0]}") from None
+        return tags
 
     def clean_base(self) -> dict[str, Any]:
         if len(self.cleaned_data["base"]) > 100_000:
@@ -403,9 +476,12 @@ class IdListField(forms.Field):
 
     def to_python(self, value: Any) -> list[int]:
         try:
-            return list(dict.fromkeys(int(v) for v in value or []))
+            ids = list(dict.fromkeys(int(v) for v in value or []))
         except (TypeError, ValueError):
             raise forms.ValidationError("run ids must be whole numbers") from None
+        if any(not 1 <= i <= ID_MAX for i in ids):
+            raise forms.ValidationError(f"run ids are whole numbers from 1 to {ID_MAX}")
+        return ids
 
 
 class MetricListField(forms.Field):
@@ -470,7 +546,12 @@ class ExperienceForm(forms.Form):
     content = forms.CharField(
         max_length=CONTENT_MAX, validators=[_no_nul], widget=forms.Textarea(attrs={"rows": 10})
     )
-    version = forms.IntegerField(widget=forms.HiddenInput, required=False, min_value=1)
+    version = forms.IntegerField(
+        widget=forms.HiddenInput,
+        min_value=1,
+        max_value=INT_MAX,
+        error_messages={"required": "the form did not say which version of the entry you edited"},
+    )
 
 
 class PruneForm(forms.Form):
@@ -486,9 +567,12 @@ class PruneForm(forms.Form):
         required=False, min_value=0, max_value=1, label="Success rate when used below"
     )
     min_guided = forms.IntegerField(
-        required=False, min_value=1, initial=1, label="…over at least this many guided episodes"
+        required=False, min_value=1, max_value=INT_MAX, initial=1,
+        label="…over at least this many guided episodes",
+    )  # fmt: skip
+    older_than_step = forms.IntegerField(
+        required=False, min_value=0, max_value=INT_MAX, label="Last changed before step"
     )
-    older_than_step = forms.IntegerField(required=False, min_value=0, label="Last changed before step")
     scope = forms.CharField(required=False, max_length=100)
     confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
     ids = forms.CharField(required=False, widget=forms.HiddenInput, validators=[RegexValidator(r"^[0-9,]*$")])
@@ -514,8 +598,14 @@ class PruneForm(forms.Form):
             combine=data["combine"] or "all",
         )
 
+    def clean_ids(self) -> list[int]:
+        ids = [int(i) for i in self.cleaned_data["ids"].split(",") if i]
+        if any(i > ID_MAX for i in ids):
+            raise forms.ValidationError("the previewed entries' ids are not valid; preview the prune again")
+        return ids
+
     def confirmed_ids(self) -> list[int]:
-        return [int(i) for i in self.cleaned_data["ids"].split(",") if i]
+        return self.cleaned_data["ids"]
 
 
 class ImportForm(forms.Form):

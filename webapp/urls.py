@@ -4,6 +4,8 @@ from django.urls import include, path
 
 from webapp import views, views_bank, views_compare, views_experiments, views_inspect, views_runs
 
+handler400 = "webapp.views.bad_request"
+
 urlpatterns = [
     path("", views.home, name="home"),
     path("workers/", views.workers, name="workers"),

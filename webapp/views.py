@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from webapp.forms import RunFilterForm
+from webapp.forms import BadParameter, RunFilterForm
 from webapp.selectors import run_list, worker_status
 from webapp.services import can_launch
 
@@ -32,3 +32,10 @@ def home(request: HttpRequest) -> HttpResponse:
 def workers(request: HttpRequest) -> HttpResponse:
     """The worker/queue indicator (polled by the list page; pinging Celery waits, so it is never inline)."""
     return render(request, "webapp/_workers.html", {"status": worker_status()})
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """400 (``handler400``): a request parameter the site refuses, with its message (which parameter, what it
+    takes); other bad requests get a plain sentence (their details are for the log, not the page)."""
+    message = str(exception) if isinstance(exception, BadParameter) else "The request was not understood."
+    return render(request, "400.html", {"message": message}, status=400)

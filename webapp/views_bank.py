@@ -14,9 +14,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from experience import selectors as bank_selectors
 from experience import services as bank_services
-from experience.bank import BankError
-from experience.models import ExperienceChange, ImportJob, Merge
-from webapp.forms import BankSearchForm, ExperienceForm, ImportForm, PruneForm
+from experience.bank import BankError, EntryChanged, EntryDeleted
+from experience.models import Experience, ExperienceChange, ImportJob, Merge
+from webapp.forms import BankSearchForm, ExperienceForm, ImportForm, PruneForm, int_param
 from webapp.models import Run
 from webapp.selectors import (
     bank_entries,
@@ -80,26 +80,10 @@ def bank_entry_view(request: HttpRequest, run_id: int, entry_id: int) -> HttpRes
         if not can_edit:
             raise PermissionDenied("you may not edit this run's experience bank")
         form = ExperienceForm(request.POST)
-        status = 400
-        if form.is_valid():
-            data = form.cleaned_data
-            try:
-                bank_services.experience_edit(
-                    entry, data["title"], data["content"], user=request.user, expected_version=data["version"]
-                )
-            except BankError as err:
-                entry.refresh_from_db()
-                stale = "changed meanwhile" in str(err)
-                newer = (
-                    f" Its text now: “{entry.title}: {entry.content[:500]}”. Your text is kept below."
-                    if stale
-                    else ""
-                )
-                form.add_error(None, f"Not saved: {err}.{newer}")
-                status = 409 if stale else 400
-            else:
-                messages.success(request, "Saved.")
-                return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
+        status = _save_edit(request, entry, form)
+        if status is None:
+            messages.success(request, "Saved.")
+            return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
     context = {
         "run": run, "entry": entry, "form": form, "can_edit": can_edit,
         "history": bank_selectors.experience_history(entry),
@@ -107,16 +91,64 @@ def bank_entry_view(request: HttpRequest, run_id: int, entry_id: int) -> HttpRes
     return render(request, "webapp/bank_entry.html", context, status=status)
 
 
+MISSING_VERSION = (
+    "Not saved: the form did not say which version of the entry you edited, so saving it could overwrite "
+    "newer text. Reload the entry to edit its current text; your text is kept below."
+)
+
+
+def _save_edit(request: HttpRequest, entry: Experience, form: ExperienceForm) -> int | None:
+    """Save the edit (None), or the status to answer with the reason on the form: nothing is saved over
+    text the person has not seen, and their text stays in the form."""
+    if not form.is_valid():
+        if "version" not in form.errors:
+            return 400
+        other_errors = set(form.errors) != {"version"}
+        form.add_error(None, MISSING_VERSION)
+        return 400 if other_errors else 409
+    data = form.cleaned_data
+    try:
+        bank_services.experience_edit(
+            entry, data["title"], data["content"], user=request.user, expected_version=data["version"]
+        )
+    except BankError as err:
+        entry.refresh_from_db()
+        form.add_error(None, _refusal("Not saved", err, entry))
+        return 409
+    return None
+
+
+def _refusal(what: str, err: BankError, entry: Experience) -> str:
+    """Why a write to ``entry`` was refused and what to do, for the page."""
+    kept = " Your text is kept below." if what == "Not saved" else ""
+    if isinstance(err, EntryDeleted):
+        return f"{what}: this entry was deleted (Undo next to its deletion in the history restores it).{kept}"
+    if isinstance(err, EntryChanged):
+        return (f"{what}: this entry changed since you opened it (it is now version {err.version}). "
+                f"Its text now: “{entry.title}: {entry.content[:500]}”. Reload to see the new text "
+                f"and try again.{kept}")  # fmt: skip
+    return f"{what}: {err}."
+
+
 @require_POST
 def bank_pin(request: HttpRequest, run_id: int, entry_id: int) -> HttpResponse:
+    """Pin or unpin (from the entry page, or a bank row swapped by htmx); refused, with the reason, when the
+    entry was deleted or changed since the page showed it (its ``version``)."""
     run = _editable_run(request, run_id)
     entry = bank_entry(run, entry_id)
+    version = int_param(request.POST, "version", min_value=1)
+    pinned = request.POST.get("pinned") == "1"
+    error, status = "", 200
     try:
-        entry = bank_services.experience_pin(entry, request.POST.get("pinned") == "1", user=request.user)
+        entry = bank_services.experience_pin(entry, pinned, user=request.user, expected_version=version)
     except BankError as err:
-        messages.error(request, str(err))
+        entry.refresh_from_db()
+        error, status = _refusal("Not pinned" if pinned else "Not unpinned", err, entry), 409
     if request.htmx and request.htmx.target == f"entry-{entry.id}":
-        return render(request, "webapp/_bank_row.html", {"run": run, "entry": entry, "can_edit": True})
+        context = {"run": run, "entry": entry, "can_edit": True, "error": error}
+        return render(request, "webapp/_bank_row.html", context, status=status)
+    if error:
+        messages.error(request, error)
     return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
 
 
@@ -124,10 +156,12 @@ def bank_pin(request: HttpRequest, run_id: int, entry_id: int) -> HttpResponse:
 def bank_delete(request: HttpRequest, run_id: int, entry_id: int) -> HttpResponse:
     run = _editable_run(request, run_id)
     entry = bank_entry(run, entry_id)
+    version = int_param(request.POST, "version", min_value=1)
     try:
-        bank_services.experience_delete(entry, user=request.user)
+        bank_services.experience_delete(entry, user=request.user, expected_version=version)
     except BankError as err:
-        messages.error(request, str(err))
+        entry.refresh_from_db()
+        messages.error(request, _refusal("Not deleted", err, entry))
         return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
     messages.success(request, f"Deleted “{entry.title}”. Its history can undo this.")
     return redirect("bank_entry", run_id=run.id, entry_id=entry.id)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import csv
-
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from webapp.charts import build_comparison, default_group
+from webapp.csv_cells import CsvWriter
 from webapp.forms import CompareForm
 from webapp.selectors import compare_series, runs_get
 
@@ -53,7 +52,7 @@ def compare_csv(request: HttpRequest) -> HttpResponse:
         return HttpResponse("; ".join(e for es in form.errors.values() for e in es), status=400)
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = 'attachment; filename="compare.csv"'
-    writer = csv.writer(response)
+    writer = CsvWriter(response)
     writer.writerow(["run_id", "run_name", "group", "kind", "metric", "step", "wall_time", "value"])
     writer.writerows(comparison.csv_rows())
     return response

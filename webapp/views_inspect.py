@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from webapp.charts import histogram
+from webapp.forms import ID_MAX, int_param
 from webapp.selectors import episode_steps, run_get, step_episodes
 
 
@@ -13,8 +14,7 @@ def run_inspect(request: HttpRequest, run_id: int) -> HttpResponse:
     """GET ?step=N (default: the newest step with episodes); ?episode=ID highlights one episode."""
     run = run_get(request.user, run_id)
     steps = episode_steps(run)
-    raw = request.GET.get("step", "")
-    step = int(raw) if raw.lstrip("-").isdigit() else (steps[0] if steps else None)
+    step = int_param(request.GET, "step", default=steps[0] if steps else None)
     groups = step_episodes(run, step) if step is not None else []
     rewards = [ep.reward for g in groups for ep in g.guided + g.free]
     context = {
@@ -23,7 +23,7 @@ def run_inspect(request: HttpRequest, run_id: int) -> HttpResponse:
         "step": step,
         "groups": groups,
         "histogram": histogram(rewards),
-        "highlight": request.GET.get("episode", ""),
+        "highlight": int_param(request.GET, "episode", min_value=1, max_value=ID_MAX),
         "unknown_step": step is not None and step not in steps,
     }
     return render(request, "webapp/inspect.html", context)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from trainer.config import PRESETS, ConfigError
 from webapp.charts import flatten
-from webapp.forms import LaunchForm, config_initial
+from webapp.forms import ID_MAX, LaunchForm, config_initial, int_param
 from webapp.models import Run
 from webapp.selectors import latest_values, run_get, run_log_tail, run_metrics, run_traces
 from webapp.services import (
@@ -32,10 +32,8 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("you may not launch runs")
     if request.method == "POST":
         return _launch(request, LaunchForm(request.POST))
-    if clone_id := request.GET.get("clone"):
-        if not (clone_id.isascii() and clone_id.isdigit()):
-            raise Http404("no such run")
-        initial = run_clone_initial(run_get(request.user, int(clone_id)))
+    if clone_id := int_param(request.GET, "clone", min_value=1, max_value=ID_MAX):
+        initial = run_clone_initial(run_get(request.user, clone_id))
         form = LaunchForm(initial=config_initial(initial.pop("base")) | initial)
     elif template := request.GET.get("template"):
         try:

@@ -41,7 +41,7 @@ def bank(run, user, embedder):
 def test_a_persons_edit_is_recorded_with_the_person_and_can_be_undone(run, user, bank):
     heat, _, _ = bank
     edited = services.experience_edit(
-        heat, "Microwave heating", "Open the microwave first, then heat X.", user=user
+        heat, "Microwave heating", "Open the microwave first, then heat X.", user=user, expected_version=1
     )
     assert (edited.title, edited.version) == ("Microwave heating", 2)
     change = experience_history(edited).first()
@@ -116,7 +116,13 @@ def test_a_persons_edit_waits_for_the_live_managers_writer_lock(run, user, embed
         def edit() -> None:
             from django.db import connection
 
-            services.experience_edit(entry, "Edited", "Edited while the extractor wrote.", user=user)
+            services.experience_edit(
+                entry,
+                "Edited",
+                "Edited while the extractor wrote.",
+                user=user,
+                expected_version=entry.version,
+            )
             done.set()
             connection.close()
 

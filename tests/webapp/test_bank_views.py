@@ -145,7 +145,9 @@ def test_an_editor_edits_pins_deletes_and_undoes_and_each_change_is_recorded_as_
     e = entries[1]
     client.force_login(editor)
     url = reverse("bank_entry", args=[run.id, e.id])
-    response = client.post(url, {"title": "Keep away from monsters", "content": "Step away first."})
+    response = client.post(
+        url, {"title": "Keep away from monsters", "content": "Step away first.", "version": e.version}
+    )
     assert response.status_code == 302
     e.refresh_from_db()
     assert (e.title, e.content, e.version) == ("Keep away from monsters", "Step away first.", 2)
@@ -455,7 +457,9 @@ def test_two_edits_from_the_same_version_save_the_first_and_refuse_the_second_sh
     second = client.post(url, {"title": "Second", "content": "second text", "version": e.version})
     assert first.status_code == 302 and second.status_code == 409
     page = second.content.decode()
-    assert "changed meanwhile" in page and "first text" in page and "second text" in page  # both visible
+    assert (
+        "changed since you opened it" in page and "first text" in page and "second text" in page
+    )  # both visible
     e.refresh_from_db()
     assert (e.title, e.content) == ("First", "first text")
     assert (
@@ -471,7 +475,8 @@ def test_a_deleted_entry_refuses_pin_and_edit_with_a_visible_message(client, edi
     assert "was deleted" in pinned.content.decode() and not Experience.objects.get(pk=e.id).pinned
     url = reverse("bank_entry", args=[run.id, e.id])
     edit = client.post(url, {"title": "x", "content": "y", "version": 2})
-    assert edit.status_code in (400, 404) and Experience.objects.get(pk=e.id).title != "x"
+    assert edit.status_code == 409 and "was deleted" in edit.content.decode()
+    assert Experience.objects.get(pk=e.id).title != "x"
 
 
 def test_an_edit_of_two_million_characters_is_refused_next_to_the_field(client, editor, run, entries):

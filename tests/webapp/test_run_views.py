@@ -483,9 +483,10 @@ def test_launch_input_that_used_to_crash_is_refused_next_to_its_field(client, la
     assert not Run.objects.exists()
 
 
-def test_a_clone_id_that_is_not_a_plain_number_is_not_found(client, launcher):
+def test_a_clone_id_that_is_not_a_plain_number_is_refused_with_a_message(client, launcher):
     client.force_login(launcher)
-    assert client.get(reverse("run_launch") + "?clone=%C2%B2").status_code == 404
+    response = client.get(reverse("run_launch") + "?clone=%C2%B2")
+    assert response.status_code == 400 and "clone must be a whole number" in response.content.decode()
 
 
 @pytest.mark.parametrize(
