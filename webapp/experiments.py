@@ -1,12 +1,13 @@
 """Experiments in the database: a grid's runs, how each cell is run or resumed, and its result files.
 
 An ``Experiment`` row mirrors an experiment file (``trainer.experiments.spec``); each cell of its grid is one
-``Run`` (``run.experiment``, ``run.cell``), trained in its own folder ``var/experiments/<name>/<cell>/`` so a
-grid can be carried across machine restarts: running it again skips finished cells, resumes unfinished
-ones from their last checkpoint and restarts those that have none.
+``Run`` (``run.experiment``, ``run.cell``), trained in its own folder ``var/experiments/<folder>/<cell>/``
+(``Experiment.folder``: its name, unless another owner's experiment had it first) so a grid can be carried
+across machine restarts: running it again skips finished cells, resumes unfinished ones from their last
+checkpoint and restarts those that have none.
 
 When a cell finishes (on a worker or in the foreground) its small result files are copied to
-``docs/experiments/<name>/runs/<cell>/`` (``results_dir``): the run's config, ``metrics.jsonl`` and
+``docs/experiments/<folder>/runs/<cell>/`` (``results_dir``): the run's config, ``metrics.jsonl`` and
 ``episodes.jsonl`` (each step once, the last attempt's), and the bank's history from the database
 (``changes.jsonl``, ``merges.jsonl``). Reports are built from those files alone
 (``trainer.experiments.report``), so they can be committed and rebuilt without the database.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from trainer.config import ConfigError
@@ -36,13 +37,14 @@ def results_root() -> Path:
     return Path(settings.EXPERIMENT_RESULTS_DIR)
 
 
-def results_dir(name: str) -> Path:
-    return results_root() / name
+def results_dir(folder: str) -> Path:
+    """An experiment's result files and report (``Experiment.folder``)."""
+    return results_root() / folder
 
 
-def cell_dir(name: str, cell: Cell) -> Path:
+def cell_dir(folder: str, cell: Cell) -> Path:
     """The training folder of a cell: checkpoints, logs and metrics while it runs."""
-    return var_dir() / "experiments" / name / cell.slug
+    return var_dir() / "experiments" / folder / cell.slug
 
 
 @dataclass
@@ -58,12 +60,37 @@ class CellState:
         return "succeeded (committed results)" if self.committed else "not started"
 
 
+def _lock(key: str) -> None:
+    """Serialise writers of ``key`` until the current transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [key])
+
+
+def experiment_name_taken(owner, name: str) -> bool:
+    """Whether ``owner`` has an experiment called ``name`` (others' names never count: each owner names
+    experiments in a namespace of their own). Call inside a transaction: holds a lock on the name until it
+    ends, so two launches of one name are serialised."""
+    _lock(f"experiment:{owner.pk}:{name}")
+    return Experiment.objects.filter(owner=owner, name=name).exists()
+
+
+def experiment_folder(name: str, owner) -> str:
+    """The folder a new experiment of ``owner`` called ``name`` gets: its name, or ``name--<owner id>`` when
+    another owner's experiment has that folder (two grids never train into one folder)."""
+    _lock(f"experiment-folder:{name}")
+    return f"{name}--{owner.pk}" if Experiment.objects.filter(folder=name).exists() else name
+
+
+@transaction.atomic
 def experiment_sync(spec: ExperimentSpec, owner, *, shared: bool = True) -> Experiment:
-    """The experiment's row, created (owned by ``owner``) or brought up to date with its file."""
+    """``owner``'s experiment of this name, created or brought up to date with its file."""
     fields = {"description": spec.description, "spec": spec.to_dict(), "source": str(spec.source or "")}
-    experiment, _ = Experiment.objects.update_or_create(
-        name=spec.name, defaults=fields, create_defaults=fields | {"owner": owner, "shared": shared}
-    )
+    experiment = Experiment.objects.filter(owner=owner, name=spec.name).first()
+    if experiment is None:
+        folder = experiment_folder(spec.name, owner)
+        return Experiment.objects.create(name=spec.name, owner=owner, shared=shared, folder=folder, **fields)
+    Experiment.objects.filter(pk=experiment.pk).update(**fields)
+    experiment.refresh_from_db()
     return experiment
 
 
@@ -103,14 +130,15 @@ def experiment_cells(experiment: Experiment | None, spec: ExperimentSpec) -> lis
     states = [CellState(c, runs.get(c.key)) for c in spec.cells()]
     for state in states:
         if state.run is None:
-            state.committed = committed_cell(spec.name, state.cell)
+            state.committed = committed_cell(experiment.folder if experiment else spec.name, state.cell)
     return states
 
 
-def committed_cell(name: str, cell: Cell) -> Path | None:
-    """The result folder of ``cell`` when it holds a finished run under the cell's config: results committed
-    on a machine whose database is gone (``var/`` does not travel; ``docs/experiments`` does)."""
-    folder = results_dir(name) / "runs" / cell.slug
+def committed_cell(folder_name: str, cell: Cell) -> Path | None:
+    """The result folder of ``cell`` (of the experiment whose folder is ``folder_name``) when it holds a
+    finished run under the cell's config: results committed on a machine whose database is gone (``var/``
+    does not travel; ``docs/experiments`` does)."""
+    folder = results_dir(folder_name) / "runs" / cell.slug
     try:
         record = json.loads((folder / "cell.json").read_text())
         config = json.loads((folder / "config.json").read_text())
@@ -126,7 +154,7 @@ def cell_run(experiment: Experiment, cell: Cell, owner, *, launch_token: str = "
     run = experiment.runs.filter(cell=cell.key).first()
     if run is not None:
         return run
-    folder = str(cell_dir(experiment.name, cell))
+    folder = str(cell_dir(experiment.folder, cell))
     with transaction.atomic():
         run = (
             Run.objects.filter(checkpoint_dir=folder, experiment__isnull=True).order_by("-created_at").first()
@@ -195,7 +223,7 @@ def cell_restart(run: Run) -> Run:
     aside = folder.with_name(f"{folder.name}.replaced-run{run.pk}")
     if folder.exists():
         folder.rename(aside)
-    exported = results_dir(experiment.name) / "runs" / run.cell.replace("/", "-")
+    exported = results_dir(experiment.folder) / "runs" / run.cell.replace("/", "-")
     if exported.exists():
         shutil.rmtree(exported)
     finished = run.status in (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED)
@@ -324,7 +352,7 @@ def export_results(run: Run) -> Path | None:
         return None
     experiment = Experiment.objects.get(pk=run.experiment_id)
     src = Path(run.checkpoint_dir)
-    dest = results_dir(experiment.name) / "runs" / run.cell.replace("/", "-")
+    dest = results_dir(experiment.folder) / "runs" / run.cell.replace("/", "-")
     dest.mkdir(parents=True, exist_ok=True)
     if (src / "config.json").exists():
         shutil.copyfile(src / "config.json", dest / "config.json")

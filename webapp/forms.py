@@ -194,13 +194,14 @@ def config_templates() -> list[ConfigTemplate]:
     return found
 
 
-def _free_experiment_name(name: str) -> str:
-    """``name``, or ``name-2``, ``name-3`` ... when an experiment has it already."""
-    taken = set(Experiment.objects.filter(name__startswith=name).values_list("name", flat=True))
+def _free_experiment_name(name: str, owner) -> str:
+    """``name``, or ``name-2``, ``name-3`` ... when ``owner`` has an experiment called that already (each
+    owner names experiments in a namespace of their own)."""
+    taken = set(Experiment.objects.filter(owner=owner, name__startswith=name).values_list("name", flat=True))
     return next(n for n in [name, *(f"{name}-{i}" for i in range(2, 1000))] if n not in taken)[:80]
 
 
-def template_initial(template: ConfigTemplate) -> dict[str, Any]:
+def template_initial(template: ConfigTemplate, owner=None) -> dict[str, Any]:
     """The launch form's values for a template: a run config as it is; an experiment's first cell (its
     base, budget, first method and first seed) with its name, methods and seeds in the experiment fields."""
     if not template.experiment:
@@ -212,7 +213,7 @@ def template_initial(template: ConfigTemplate) -> dict[str, Any]:
     config = spec.base.with_overrides(**spec.budget, method=method, seed=min(spec.seeds))
     return config_initial(config) | {
         "name": spec.description[:150],
-        "experiment": _free_experiment_name(spec.name),
+        "experiment": _free_experiment_name(spec.name, owner),
         "experiment_methods": list(spec.methods),
         "experiment_seeds": list(spec.seeds),
     }
@@ -404,8 +405,6 @@ class LaunchForm(forms.Form):
             self.add_error("experiment_methods", "choose at least one method for the experiment")
         if not data["experiment_seeds"]:
             self.add_error("experiment_seeds", "choose at least one seed for the experiment")
-        if Experiment.objects.filter(name=name).exists():
-            self.add_error("experiment", f"an experiment called {name!r} exists already; choose another name")
         if self.errors:
             return None
         budget = {
@@ -432,12 +431,13 @@ class LaunchForm(forms.Form):
         return cls(initial=config_initial(get_preset(name)) | {"preset": name})
 
     @classmethod
-    def for_template(cls, name: str) -> LaunchForm:
-        """The form filled from the template ``name``; ConfigError if there is none or it is invalid."""
+    def for_template(cls, name: str, owner=None) -> LaunchForm:
+        """The form filled from the template ``name`` for ``owner``; ConfigError if there is none or it is
+        invalid."""
         template = next((t for t in config_templates() if t.name == name), None)
         if template is None:
             raise ConfigError(f"no template {name!r} in configs/")
-        return cls(initial=template_initial(template) | {"template": name})
+        return cls(initial=template_initial(template, owner) | {"template": name})
 
     @property
     def chosen_template(self) -> ConfigTemplate | None:

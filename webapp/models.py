@@ -10,7 +10,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import urlencode
 
 HEARTBEAT_TIMEOUT_S = 120
 """A running run whose worker has not beaten for this long is shown as lost."""
@@ -54,7 +56,14 @@ class Experiment(models.Model):
     """A named grid of runs (methods × seeds on one shared budget) from ``configs/experiments/*.toml``;
     its runs keep their own pages and are its cells (``Run.experiment``, ``Run.cell``)."""
 
-    name = models.SlugField(max_length=80, unique=True)
+    name = models.SlugField(max_length=80, help_text="Unique among its owner's experiments.")
+    folder = models.SlugField(
+        max_length=120,
+        unique=True,
+        blank=True,
+        help_text="Its folder under var/experiments/ and docs/experiments/: its name, or "
+        "name--<owner id> when another owner's experiment had that name first.",
+    )
     description = models.TextField(blank=True)
     spec = models.JSONField(default=dict, help_text="The experiment file as loaded (trainer.experiments).")
     source = models.CharField(max_length=500, blank=True, help_text="The file it was loaded from.")
@@ -65,9 +74,24 @@ class Experiment(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="one_experiment_name_per_owner")
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        self.folder = self.folder or self.name  # ``experiment_sync`` picks another when the name's is taken
+        super().save(*args, **kwargs)
+
+    def get_absolute_url(self) -> str:
+        """Its page: by name and owner (names are unique per owner only)."""
+        return (
+            reverse("experiment_detail", args=[self.name])
+            + "?"
+            + urlencode({"owner": self.owner.get_username()})
+        )
 
     @property
     def arms(self) -> list[str]:

@@ -10,9 +10,10 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, F, FloatField, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Case, Count, F, FloatField, OuterRef, Q, QuerySet, Subquery, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, NullIf
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 
 from webapp import charts
@@ -74,9 +75,18 @@ def experiment_list(user):
     return qs.select_related("owner").annotate(done=done)
 
 
-def experiment_get(user, name: str):
-    """The experiment if this user may see it, else 404."""
-    return get_object_or_404(experiment_list(user), name=name)
+def experiment_get(user, name: str, *, owner: str | None = None):
+    """The experiment called ``name`` this user may see, else 404. Names are unique per owner: ``owner`` (a
+    username) picks one; without it, the user's own comes first, then a shared one, then (for staff) any,
+    oldest first."""
+    qs = experiment_list(user).filter(name=name)
+    if owner:
+        qs = qs.filter(owner__username=owner)
+    mine_first = Case(When(owner=user, then=0), When(shared=True, then=1), default=2)
+    found = qs.annotate(rank=mine_first).order_by("rank", "created_at", "id").first()
+    if found is None:
+        raise Http404("no such experiment")
+    return found
 
 
 def run_get(user, run_id: int) -> Run:

@@ -129,8 +129,12 @@ def run_launch_submission(user, form: LaunchForm) -> Launched | None:
             return None
         data = form.cleaned_data
         if form.spec is not None:
-            from webapp.experiments import experiment_run
+            from webapp.experiments import experiment_name_taken, experiment_run
 
+            if experiment_name_taken(user, form.spec.name):
+                message = f"you have an experiment called {form.spec.name!r} already; choose another name"
+                form.add_error("experiment", message)
+                return None
             token = data["submission"]
             experiment = experiment_run(form.spec, user, shared=data["shared"], launch_token=token)
             return Launched(list(experiment.runs.all()))

@@ -7,6 +7,7 @@ import mimetypes
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
@@ -24,18 +25,23 @@ def experiments(request: HttpRequest) -> HttpResponse:
 
 
 def experiment_detail(request: HttpRequest, name: str) -> HttpResponse:
-    """The grid: arms × seeds, each cell's run, status and latest step; the report when one was built."""
-    experiment = experiment_get(request.user, name)
-    report = results_dir(experiment.name) / "report" / "report.md"
+    """The grid: arms × seeds, each cell's run, status and latest step; the report when one was built.
+    ``?owner=USERNAME`` picks whose experiment of that name (names are unique per owner)."""
+    experiment = experiment_get(request.user, name, owner=request.GET.get("owner"))
+    owner_query = "?" + urlencode({"owner": experiment.owner.get_username()})
+    report = results_dir(experiment.folder) / "report" / "report.md"
     context = {
         "experiment": experiment,
         "grid": experiment_grid(experiment, request.user),
-        "report": report_html(report.read_text(encoding="utf-8"), experiment.name) if report.exists() else "",
+        "report": report_html(report.read_text(encoding="utf-8"), experiment.name, owner_query)
+        if report.exists()
+        else "",
+        "owner_query": owner_query,
     }
     return render(request, "webapp/experiment_detail.html", context)
 
 
-def report_html(markdown: str, name: str) -> SafeString:
+def report_html(markdown: str, name: str, owner_query: str = "") -> SafeString:
     """report.md as HTML: raw HTML in it is escaped (entry titles are model output), tables rendered, and its
     plots (bare ``*.png`` names) point at ``experiment_report_file``."""
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -44,18 +50,18 @@ def report_html(markdown: str, name: str) -> SafeString:
         for child in token.children or []:
             src = str(child.attrGet("src") or "")
             if child.type == "image" and src.endswith(".png") and "/" not in src:
-                child.attrSet("src", reverse("experiment_report_file", args=[name, src]))
+                child.attrSet("src", reverse("experiment_report_file", args=[name, src]) + owner_query)
     return mark_safe(md.renderer.render(tokens, md.options, {}))  # noqa: S308 - markdown-it escaped it
 
 
 def experiment_report_file(request: HttpRequest, name: str, filename: str) -> HttpResponse:
     """A file of the built report: report.md, summary.csv or one of its PNG plots."""
-    experiment = experiment_get(request.user, name)
+    experiment = experiment_get(request.user, name, owner=request.GET.get("owner"))
     if filename not in REPORT_FILES and not (filename.endswith(".png") and "/" not in filename):
         raise Http404("no such report file")
-    path = results_dir(experiment.name) / "report" / filename
+    path = results_dir(experiment.folder) / "report" / filename
     if not path.is_file():
-        raise Http404("the report has not been built: manage.py experiment report " + experiment.name)
+        raise Http404("the report has not been built: manage.py experiment report " + experiment.folder)
     content_type = mimetypes.guess_type(filename)[0] or "text/plain"
     if filename.endswith(".md"):
         content_type = "text/plain; charset=utf-8"

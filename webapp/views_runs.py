@@ -37,7 +37,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         form = LaunchForm(initial=config_initial(initial.pop("base")) | initial)
     elif template := request.GET.get("template"):
         try:
-            form = LaunchForm.for_template(template)
+            form = LaunchForm.for_template(template, request.user)
         except ConfigError as err:
             messages.error(request, f"The template could not be used: {err}")
             form = LaunchForm.for_preset("cpu")

@@ -306,6 +306,6 @@ def test_the_report_renders_with_tables_and_plots_and_model_text_escaped(client,
     page = client.get(reverse("experiment_detail", args=[spec.name])).content.decode()
     assert "<table>" in page and "<td>7</td>" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page
-    plot = reverse("experiment_report_file", args=[spec.name, "eval_success.png"])
+    plot = reverse("experiment_report_file", args=[spec.name, "eval_success.png"]) + f"?owner={user.username}"
     assert f'<img src="{plot}" alt="eval success"' in page
     assert 'href="javascript:' not in page

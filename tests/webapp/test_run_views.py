@@ -461,7 +461,7 @@ def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(
     assert "complementary" in page and "seed 2" in page
 
     again = client.post(reverse("run_launch"), data)  # same name: refused, nothing queued
-    assert again.status_code == 400 and "exists already" in again.content.decode()
+    assert again.status_code == 400 and "you have an experiment called" in again.content.decode()
     bad = client.post(reverse("run_launch"), _launch_data(experiment="x", experiment_methods=["grpo"]))
     assert bad.status_code == 400 and "choose at least one seed" in bad.content.decode()
     assert Run.objects.count() == 4
