@@ -26,8 +26,10 @@ BankSort = Literal[tuple(BANK_SORTS)]
 
 
 def _form_choices(field: str):
-    """A run filter form field's choices as a Literal, so the schema lists the values the form accepts."""
-    return Literal[tuple(value for value, _ in RunFilterForm.base_fields[field].choices)]
+    """A run filter form field's choices as a Literal, so the schema lists the values the form accepts; the
+    empty value too, which the form (not required) reads as its default."""
+    values = [value for value, _ in RunFilterForm.base_fields[field].choices]
+    return Literal[tuple(dict.fromkeys(["", *values]))]
 
 
 class RequestBody(Schema):

@@ -147,6 +147,11 @@ def test_an_unknown_choice_is_refused_listing_the_allowed_ones(api, run, url, ke
     assert all(f"'{value}'" in message for value in allowed), message
 
 
+def test_an_empty_run_list_choice_means_the_default_as_on_the_page(api, run):
+    page = api.get("/api/v1/runs", {"status": "", "method": "", "sort": ""})
+    assert page.status_code == 200 and page.json()["count"] == 1
+
+
 def test_a_bank_scope_longer_than_any_scope_is_refused(api, run):
     _refused(api.get(f"/api/v1/runs/{run.id}/bank", {"scope": "s" * 101}), "scope")
 
