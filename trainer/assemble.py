@@ -36,7 +36,7 @@ from trainer.extractor.model import Extractor
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
 from trainer.models import load_causal_lm, load_tokenizer
-from trainer.report import ConsoleReporter, EpisodeLogReporter, JsonlReporter, Reporter, Reporters
+from trainer.report import ConsoleReporter, EpisodeLogReporter, JsonlReporter, Reporter, Reporters, RunClock
 from trainer.rollout.base import Engine, engine_from_config
 from trainer.rollout.runner import Retriever
 from trainer.store import ExperienceStore
@@ -146,6 +146,7 @@ def train(
     store: ExperienceStore | None = None,
     extractor_engine: Engine | None = None,
     cancel: CancelToken | None = None,
+    clock: RunClock | None = None,
 ) -> tuple[Metrics, TrainingLoop]:
     """Train ``cfg``, writing checkpoints, ``metrics.jsonl`` and ``episodes.jsonl`` under ``out_dir``.
 
@@ -154,6 +155,8 @@ def train(
     experience. ``engine`` / ``extractor_engine``: reuse running engines (re-synced first); by default they
     are built from the config and closed at the end. ``retrieve``: a retriever for plain loops (tests).
     ``cancel``: a token that stops the run within seconds once set (``loop.cancelled`` tells).
+    ``clock``: the run's clock, saved in each checkpoint: the one a reporter stamps wall times with, started
+    from the checkpoint's ``elapsed_s`` when resuming; by default one started so here.
     Returns the last metrics and the loop (its ``last_checkpoint``, ``model`` ...).
     """
     out_dir = Path(out_dir)
@@ -182,6 +185,7 @@ def train(
             actor=actor,
             start_step=state.step + 1 if state else 1,
             cancel=cancel or CancelToken(),
+            clock=clock or RunClock(state.elapsed_s if state else 0.0),
         )
         if not cfg.uses_experience:
             loop = TrainingLoop(cfg, retrieve=retrieve, **common)

@@ -5,7 +5,7 @@ Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
     actor/          the actor as a Hugging Face model folder (safetensors + tokenizer): loadable by any engine
     optimizer.pt    AdamW state
     rng.pt          Python, NumPy and torch RNG states
-    state.json      {"step", "engine_version", "config"}
+    state.json      {"step", "engine_version", "elapsed_s", "config"}
     extractor/      methods that train πϕ: its model folder, version.json, state.pt (AdamW state and the
                     credit buffer), written by ``trainer.coevolution``
 
@@ -49,6 +49,9 @@ class CheckpointState:
     """The weight version the engine served after that step's sync."""
     config: RunConfig
     path: Path
+    elapsed_s: float = 0.0
+    """Seconds the run had trained when it was saved (``trainer.report.RunClock``), over all its attempts;
+    0 for a checkpoint saved before they were kept."""
     new_settings: dict[str, Any] = field(default_factory=dict)
     """Settings the checkpoint's config lacks (saved before they existed), with the defaults they take."""
 
@@ -65,6 +68,7 @@ def save_checkpoint(
     tokenizer: Any,
     optimizer: torch.optim.Optimizer,
     engine_version: int,
+    elapsed_s: float,
     config: RunConfig,
     extra: Callable[[Path], None] | None = None,
 ) -> Path:
@@ -79,7 +83,7 @@ def save_checkpoint(
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save(rng, tmp / "rng.pt")
-    state = {"step": step, "engine_version": engine_version, "config": config.to_dict()}
+    state = dict(step=step, engine_version=engine_version, elapsed_s=elapsed_s, config=config.to_dict())
     if extra is not None:
         extra(tmp)
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
@@ -122,6 +126,7 @@ def read_checkpoint(path: Path) -> CheckpointState:
         engine_version=int(state["engine_version"]),
         config=config,
         path=path,
+        elapsed_s=float(state.get("elapsed_s", 0.0)),
         new_settings={key: now for key, then, now in changes if then is UNSET},
     )
 

@@ -28,7 +28,7 @@ from trainer.config import RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
 from trainer.memory import release_freed_memory, resident_gib
-from trainer.report import Reporter
+from trainer.report import Reporter, RunClock
 from trainer.rollout.base import Engine
 from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
 
@@ -101,6 +101,8 @@ class TrainingLoop:
     start_step: int = 1
     retrieve: Retriever | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
+    clock: RunClock = field(default_factory=RunClock)
+    """Seconds the run has trained, saved in each checkpoint; a resumed run's goes on from its checkpoint."""
 
     def __post_init__(self) -> None:
         r = self.cfg.rollout
@@ -176,6 +178,7 @@ class TrainingLoop:
             tokenizer=self.tokenizer,
             optimizer=self.actor.optimizer,
             engine_version=self.engine.weight_version,
+            elapsed_s=self.clock(),
             config=self.cfg,
             extra=self.save_more,
         )

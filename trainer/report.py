@@ -40,6 +40,20 @@ class Reporter(Protocol):
         return False
 
 
+class RunClock:
+    """Seconds a run has trained, across resumes: a resumed run starts from the seconds its checkpoint
+    saved (``CheckpointState.elapsed_s``), so its wall times keep increasing in step order however often it
+    was interrupted. The loop saves it in each checkpoint; a reporter that stamps wall times shares it, so a
+    row is never stamped later than the checkpoint that follows it. Time an interrupted attempt spent after
+    its last checkpoint is not counted: its steps are redone and recorded again."""
+
+    def __init__(self, elapsed_s: float = 0.0) -> None:
+        self.started = time.monotonic() - elapsed_s
+
+    def __call__(self) -> float:
+        return time.monotonic() - self.started
+
+
 class BaseReporter:
     """A reporter that does nothing; subclass and override what you need."""
 

@@ -20,7 +20,7 @@ from django.db import connection
 from django.utils import timezone
 
 from trainer.cancel import CancelToken
-from trainer.report import BaseReporter
+from trainer.report import BaseReporter, RunClock
 from webapp.events import broadcast_run_event
 from webapp.models import HEARTBEAT_INTERVAL_S, EpisodeRecord, MetricRow, Run
 from webapp.selectors import metric_event
@@ -37,20 +37,20 @@ def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
 
 
 class RunReporter(BaseReporter):
-    """Writes a run's metrics and episodes to PostgreSQL, beats its heartbeat, relays cancellation."""
+    """Writes a run's metrics and episodes to PostgreSQL, beats its heartbeat, relays cancellation.
 
-    def __init__(self, run: Run) -> None:
+    Rows are stamped by ``clock``, the run's: shared with its training loop, which saves it in each
+    checkpoint, so a resumed run's wall times go on from where its checkpoint left them."""
+
+    def __init__(self, run: Run, clock: RunClock | None = None) -> None:
         self.run = run
-        self.started = time.monotonic()
-
-    def _wall(self) -> float:
-        return time.monotonic() - self.started
+        self.clock = clock or RunClock()
 
     def _beat(self, **fields: Any) -> None:
         Run.objects.filter(pk=self.run.pk).update(heartbeat_at=timezone.now(), **fields)
 
     def _record(self, kind: str, step: int, metrics: Mapping[str, float]) -> None:
-        values = {"values": _finite(metrics), "wall_time": self._wall()}
+        values = {"values": _finite(metrics), "wall_time": self.clock()}
         row, _ = MetricRow.objects.update_or_create(run=self.run, kind=kind, step=step, defaults=values)
         self._broadcast(metric_event(row))
 

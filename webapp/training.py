@@ -21,7 +21,7 @@ from trainer.cancel import CancelToken
 from trainer.checkpoint import STATE_FILE, read_checkpoint
 from trainer.config import RunConfig
 from trainer.paths import var_dir
-from trainer.report import ConsoleReporter, Reporter
+from trainer.report import ConsoleReporter, Reporter, RunClock
 from trainer.rollout.base import native_bf16
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, RunReporter
@@ -81,14 +81,15 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     out_dir.mkdir(parents=True, exist_ok=True)
     rewind(run, start_step)  # a restart: drop what an interrupted attempt recorded after where it resumes
     cancel = CancelToken()
+    clock = RunClock(point.elapsed_s if point else 0.0)  # a resumed run's times go on from its checkpoint's
     with ExitStack() as stack:
         stack.enter_context(Heartbeat(run.pk, cancel=cancel))
         log = stack.enter_context(open(out_dir / LOG_FILE, "a", encoding="utf-8"))  # noqa: SIM115
-        reporter = file_reporters(out_dir, RunReporter(run), ConsoleReporter(log), *extra_reporters)
-        extra = {}
+        reporter = file_reporters(out_dir, RunReporter(run, clock), ConsoleReporter(log), *extra_reporters)
+        extra = {"reporter": reporter, "cancel": cancel, "clock": clock}
         if cfg.uses_experience:
             extra["store"] = stack.enter_context(experience_store(run, cfg))
-        _, loop = train(cfg, out_dir=out_dir, resume=resume, reporter=reporter, cancel=cancel, **extra)
+        _, loop = train(cfg, out_dir=out_dir, resume=resume, **extra)
     cancelled = loop.cancelled or Run.objects.filter(pk=run.pk, cancel_requested=True).exists()
     return _finish(run, Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED)
 

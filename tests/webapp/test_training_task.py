@@ -142,6 +142,10 @@ def test_a_killed_training_process_is_resumed_by_itself_and_each_step_is_recorde
         MetricRow.objects.filter(run=run, kind="train").order_by("step").values_list("step", flat=True)
     )
     assert steps == [1, 2, 3]  # each step once: the interrupted attempt's rows after its checkpoint are gone
+    walls = list(
+        MetricRow.objects.filter(run=run, kind="train").order_by("step").values_list("wall_time", flat=True)
+    )
+    assert walls == sorted(set(walls))  # wall time went on from the checkpoint's, not from 0
     assert EpisodeRecord.objects.filter(run=run).count() == 3 * 2
 
 
