@@ -105,3 +105,13 @@ def test_a_bad_version_on_pin_or_delete_is_a_400(client, user, run, version):
         assert response.status_code == 400 and "version must be a whole number" in response.content.decode()
     entry.refresh_from_db()
     assert not entry.pinned and not entry.is_deleted
+
+
+def test_a_refused_action_and_a_missing_page_say_why_in_words(client, user, other_user, run):
+    client.force_login(other_user)
+    assert "belongs to another user" in client.get(reverse("run_inspect", args=[run.id])).content.decode()
+    Run.objects.filter(pk=run.pk).update(shared=True)
+    response = client.post(reverse("run_cancel", args=[run.id]))
+    assert (
+        response.status_code == 403 and "only the run&#x27;s owner may do this." in response.content.decode()
+    )
