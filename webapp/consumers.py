@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import time
 from functools import partial
 from urllib.parse import parse_qs
@@ -11,12 +14,19 @@ from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.utils.crypto import constant_time_compare
 from django.utils.module_loading import import_string
 
+from webapp import sockets
 from webapp.events import run_group, session_group, user_group
 from webapp.selectors import metric_rows_since, run_visible
 
+log = logging.getLogger(__name__)
 SessionStore = import_string(f"{settings.SESSION_ENGINE}.SessionStore")
 FORBIDDEN = 4403
 NOT_FOUND = 4404
+TOO_MANY_SOCKETS = 4429
+TRY_AGAIN_LATER = 1013
+UNSUPPORTED_DATA = 1003
+INVALID_PAYLOAD = 1007
+OVER_CAP = "too many live pages open: close some tabs"
 
 in_db_thread = partial(database_sync_to_async, thread_sensitive=False)
 """The sockets' database reads run in the event loop's thread pool, not in the one thread that serves every
@@ -34,7 +44,35 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     visible to them) before the first event forwarded after ``SOCKET_ACCESS_RECHECK_S``, and at once when
     the product changes the run's sharing or the user's rights (``access_changed``); a logout closes the
     socket at once (``session_group``). A run made private, or a session that ended, stops the stream.
+
+    Each user may hold ``STUDIO_SOCKETS_PER_USER`` open sockets, counted on every web server
+    (``webapp.sockets``). The page sends nothing: a JSON text frame is ignored, anything else closes.
+
+    Close codes (the run page's script says the 44xx ones to the user and does not reconnect after them):
+
+    - 4403: may not see the run: at the handshake (refused before accept, so browsers see 1006), or later
+      when access was taken away or the session ended;
+    - 4404: no such socket path (``UnknownSocket``);
+    - 4429: the user already has ``STUDIO_SOCKETS_PER_USER`` sockets open (sent after accept, with a reason,
+      so the page can tell the user to close some tabs);
+    - 1013 (try again later): Redis, the channel layer, failed or stayed busy; the page reconnects later;
+    - 1003 (unsupported data): a binary frame; 1007 (invalid payload): a text frame that is not JSON.
     """
+
+    closing = refused = holds_slot = False
+    slot_keeper: asyncio.Task | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        """A channel-layer failure anywhere in the socket's life (its receive loop included) closes it with
+        1013, never a 500 at the handshake or an ASGI error later."""
+        try:
+            await super().__call__(scope, receive, send)
+        except sockets.LAYER_ERRORS:
+            log.warning("run socket closed: the channel layer failed", exc_info=True)
+            await self._give_up()
+        finally:
+            if self.slot_keeper is not None:  # cancelled (the server stops): the slot lapses on its own
+                self.slot_keeper.cancel()
 
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -42,30 +80,103 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not await in_db_thread(run_visible)(user, self.run_id):
             await self.close(code=FORBIDDEN)  # before accept(): the handshake is refused
             return
-        self.session_key = self.scope["session"].session_key
-        self.groups_joined = [run_group(self.run_id), session_group(self.session_key), user_group(user.pk)]
-        for group in self.groups_joined:
-            await self.channel_layer.group_add(group, self.channel_name)
-        self.checked_at, self.refused = time.monotonic(), False
-        await self.accept()
+        await self.accept()  # before any refusal a browser must read: it sees no code on a refused handshake
+        try:
+            self.holds_slot = await self._hold_slot()
+            if not self.holds_slot:
+                await self.close(code=TOO_MANY_SOCKETS, reason=OVER_CAP)
+                return
+            await self._join_groups(user)
+        except sockets.LAYER_ERRORS:
+            log.warning("run socket refused: the channel layer failed", exc_info=True)
+            await self._give_up()
+            return
+        self.slot_keeper = asyncio.create_task(self._keep_slot())
         since = parse_qs(self.scope.get("query_string", b"").decode()).get("since", [""])[0]
         if since.isdigit():
             for event in await in_db_thread(metric_rows_since)(self.run_id, int(since)):
                 await self.send_json(event)
 
+    async def _join_groups(self, user) -> None:
+        self.session_key = self.scope["session"].session_key
+        self.groups_joined = [run_group(self.run_id), session_group(self.session_key), user_group(user.pk)]
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.checked_at = time.monotonic()
+
     async def disconnect(self, code: int) -> None:
+        await self._let_go()
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        """Closes once: a second close frame (a refusal racing a client's garbage) would be an ASGI error."""
+        if not self.closing:
+            self.closing = True
+            await super().close(code=code, reason=reason)
+
+    async def _give_up(self) -> None:
+        await self.close(code=TRY_AGAIN_LATER, reason="live updates are busy: retrying")
+        try:
+            await self._let_go()
+        except sockets.LAYER_ERRORS:
+            pass  # Redis is the trouble: the slot lapses and the group memberships expire on their own
+
+    async def _let_go(self) -> None:
+        """Leaves the groups and frees the user's slot (the socket is closing)."""
+        if self.slot_keeper is not None:
+            self.slot_keeper.cancel()
+            self.slot_keeper = None
         await self._leave_groups()
+        if self.holds_slot:
+            self.holds_slot = False  # first: a failed release is not tried again, the slot lapses instead
+            await sockets.release_slot(self._slots(), *self._slot_of())
+
+    # ---- the user's socket slot (webapp.sockets) --------------------------------------------------
+    def _slots(self):
+        return self.channel_layer.connection(0)  # the layer's pool: bounded, and per event loop
+
+    def _slot_of(self) -> tuple[str, int, str]:
+        return self.channel_layer.prefix, self.scope["user"].pk, self.channel_name
+
+    async def _hold_slot(self) -> bool:
+        return await sockets.hold_slot(self._slots(), *self._slot_of())
+
+    async def _keep_slot(self) -> None:
+        """Renews the slot while the socket is open; a slot that lapsed meanwhile (the server stalled) and
+        whose place another socket took closes this one as over the cap."""
+        while True:
+            await asyncio.sleep(settings.SOCKET_SLOT_TTL_S / 3)
+            try:
+                held = await self._hold_slot()
+            except sockets.LAYER_ERRORS:
+                log.warning("could not renew a run socket's slot", exc_info=True)
+                continue
+            if not held:
+                self.holds_slot = False
+                await self._refuse(TOO_MANY_SOCKETS, OVER_CAP)
+                return
+
+    # ---- frames from the client ------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs) -> None:
+        """The page sends nothing; a client that sends something it cannot mean gets a close code, never an
+        exception (which dropped the socket with no code at all)."""
+        if text_data is None:
+            await self.close(code=UNSUPPORTED_DATA, reason="binary frames are not supported")
+            return
+        try:
+            json.loads(text_data)
+        except ValueError:
+            await self.close(code=INVALID_PAYLOAD, reason="frames must be JSON")
 
     async def _leave_groups(self) -> None:
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []
 
-    async def _refuse(self) -> None:
+    async def _refuse(self, code: int = FORBIDDEN, reason: str | None = None) -> None:
         """Closes the socket and forwards nothing more, even events already queued for it."""
         self.refused = True
         await self._leave_groups()
-        await self.close(code=FORBIDDEN)
+        await self.close(code=code, reason=reason)
 
     async def run_event(self, message: dict) -> None:
         if self.refused:

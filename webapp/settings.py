@@ -129,15 +129,32 @@ CHANNEL_LAYER_READ_TIMEOUT_S = 60
 idle socket raced the server's empty reply and lost whenever the server or the web server's event loop ran
 a little late: a ``TimeoutError: Timeout reading from …`` and a dropped WebSocket. Reads get a timeout well
 past the 5 s."""
+CHANNEL_LAYER_CONNECTIONS = int(os.environ.get("STUDIO_CHANNEL_LAYER_CONNECTIONS", "100"))
+"""Redis connections the channel layer of one web-server process holds at most. Its sockets share them (an
+idle socket holds none; each operation borrows one for a moment); when all are busy an operation waits for
+one up to ``CHANNEL_LAYER_POOL_WAIT_S`` and its socket then closes with 1013 (``webapp.sockets``)."""
+CHANNEL_LAYER_POOL_WAIT_S = float(os.environ.get("STUDIO_CHANNEL_LAYER_POOL_WAIT_S", "10"))
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "webapp.sockets.PooledRedisChannelLayer",
         "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S}],
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S,
+                    "max_connections": CHANNEL_LAYER_CONNECTIONS,
+                    "timeout": CHANNEL_LAYER_POOL_WAIT_S,
+                }
+            ],
             "prefix": os.environ.get("STUDIO_CHANNEL_PREFIX", "studio"),
         },
     }
 }
+STUDIO_SOCKETS_PER_USER = int(os.environ.get("STUDIO_SOCKETS_PER_USER", "20"))
+"""Live run sockets one user may hold open at once, on all web servers together; beyond, a socket closes
+with 4429 and the page asks the user to close some tabs (``webapp.consumers``)."""
+SOCKET_SLOT_TTL_S = float(os.environ.get("STUDIO_SOCKET_SLOT_TTL_S", "60"))
+"""An open socket renews its slot every third of this; a slot of a web server that died lapses after it."""
 
 SOCKET_ACCESS_RECHECK_S = float(os.environ.get("STUDIO_SOCKET_ACCESS_RECHECK_S", "5"))
 """A live socket checks its viewer's access (still logged in, run still visible) at least this often, and at

@@ -223,6 +223,12 @@ const Studio = (() => {
       panels = out.sort((a, b) => a.order - b.order);
     }
 
+    // Close codes after which reconnecting cannot help (webapp/consumers.py): say why, and stay closed.
+    const FINAL_CLOSES = {
+      4429: "too many live pages open — close some tabs, then reload this page",
+      4403: "live updates stopped: you may no longer watch this run (reload the page)",
+    };
+
     function connect(delay) {
       const scheme = location.protocol === "https:" ? "wss://" : "ws://";
       const socket = new WebSocket(scheme + location.host + socketPath + "?since=" + cursor);
@@ -235,7 +241,8 @@ const Studio = (() => {
         if (event.kind === "metrics" && event.step !== undefined) document.body.dispatchEvent(new Event("run-trace"));
         if (event.kind === "metrics" && event.metric_kind === "eval") document.body.dispatchEvent(new Event("run-eval"));
       };
-      socket.onclose = () => {
+      socket.onclose = (close) => {
+        if (FINAL_CLOSES[close.code]) { liveState.textContent = FINAL_CLOSES[close.code]; liveState.className = "error"; return; }
         liveState.textContent = "reconnecting…"; liveState.className = "muted";
         setTimeout(() => connect(Math.min(delay * 2, 15000)), delay);
       };
