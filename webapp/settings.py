@@ -62,9 +62,11 @@ INSTALLED_APPS = [
     "experience",
     "ninja",  # serves the API docs' scripts as local static files (the CSP allows no CDN)
     "api",
+    "django_prometheus",  # /metrics (webapp.metrics)
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first: times the whole request
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -76,6 +78,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "csp.middleware.CSPMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     "axes.middleware.AxesMiddleware",  # last: turns a lockout into the lockout response
 ]
 
@@ -118,6 +121,7 @@ DATABASES["default"].setdefault("OPTIONS", {}).update(dbpool.database_options())
 # STUDIO_TEST_DB: a test database of its own, for test sessions that run side by side.
 TEST_DB_NAME = os.environ.get("STUDIO_TEST_DB", "test_" + embedded.DB_NAME)
 DATABASES["default"].setdefault("TEST", {})["NAME"] = TEST_DB_NAME
+DATABASES["default"]["ENGINE"] = "django_prometheus.db.backends.postgresql"  # Django's, with counted queries
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---- Redis: Celery broker and Channels layer -------------------------------------------------
@@ -155,6 +159,9 @@ STUDIO_SOCKETS_PER_USER = int(os.environ.get("STUDIO_SOCKETS_PER_USER", "20"))
 with 4429 and the page asks the user to close some tabs (``webapp.consumers``)."""
 SOCKET_SLOT_TTL_S = float(os.environ.get("STUDIO_SOCKET_SLOT_TTL_S", "60"))
 """An open socket renews its slot every third of this; a slot of a web server that died lapses after it."""
+STUDIO_METRICS_TOKEN = os.environ.get("STUDIO_METRICS_TOKEN", "")
+"""A scraper sending ``Authorization: Bearer <this>`` may read ``/metrics`` (staff users may anyway);
+empty: no token is accepted."""
 
 SOCKET_ACCESS_RECHECK_S = float(os.environ.get("STUDIO_SOCKET_ACCESS_RECHECK_S", "5"))
 """A live socket checks its viewer's access (still logged in, run still visible) at least this often, and at

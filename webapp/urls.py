@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from webapp import views, views_bank, views_compare, views_experiments, views_inspect, views_runs
+from webapp import metrics, views, views_bank, views_compare, views_experiments, views_inspect, views_runs
 
 handler400 = "webapp.views.bad_request"
 
@@ -44,6 +44,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("api.urls")),  # the account page and /api/v1/
     path("admin/", admin.site.urls),
+    path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus' default path: no slash
 ]
 
 handler500 = "webapp.views_errors.server_error"  # a full connection pool answers 503, not 500
