@@ -106,6 +106,16 @@ class StudioCollector(Collector):
     """The studio's gauges, read when Prometheus scrapes. One that fails (its service down) is left out of
     that scrape, with a warning, rather than failing the others."""
 
+    GAUGES = (
+        "studio_db_pool_connections", "studio_db_pool_max_connections", "studio_db_pool_requests_waiting",
+        "studio_db_server_connections", "studio_runs", "studio_celery_queue_length", "studio_websockets_open",
+    )  # fmt: skip
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The gauges' names without reading them: registering (at import, maybe in an event loop) must not
+        query the database, as the registry's default, calling ``collect``, would."""
+        return [GaugeMetricFamily(name, "") for name in self.GAUGES]
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield from self._each((db_pool, db_server_connections, runs_by_status), DatabaseError)
         # the broker and the channel layer share the Redis at REDIS_URL (settings)
