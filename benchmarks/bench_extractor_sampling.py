@@ -10,7 +10,7 @@ on the same episodes. Prints per setting, as mean over seeds with a 95% t-interv
 parser rejects (what gives πϕ no operation, hence no credit and nothing for CISPO), the share that ran into
 ``max_new_tokens``, the share rejected as "content repeats itself", operations per answer, and the share of
 parsed entries that pass the report's mechanical rule (names an action, a symbol or an object of the env,
-not a duplicate of an earlier one; ``trainer.experiments.report.entry_quality``).
+not a duplicate of an earlier one; ``trainer.experiments.bank.entry_quality``).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def load_requests(run_id: int, n: int, seed: int):
 
 
 def measure(extractor, requests) -> dict[str, float]:
-    from trainer.experiments.report import _tokens, entry_quality
+    from trainer.experiments.bank import _tokens, entry_quality
 
     results = extractor.distil(requests)
     unparseable = sum(not r.parsed.ok for r in results)

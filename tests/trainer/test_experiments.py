@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from trainer.config import ConfigError, get_preset
+from trainer.experiments.bank import BankReplay, entry_quality, sizes_after
 from trainer.experiments.files import last_attempt, read_lines, write_lines
 from trainer.experiments.report import (
     EXTRACTED,
@@ -20,7 +21,6 @@ from trainer.experiments.report import (
     RunResult,
     bank_quality,
     build_report,
-    entry_quality,
     entry_usefulness,
     imported_entries,
     load_results,
@@ -269,6 +269,7 @@ def write_fake_grid(folder: Path, steps: int = 4) -> None:
                         "extractor/merges_coalesced": 1 if step > 2 else 0,
                         "extractor/distil_tokens": 900 * step,
                         "extractor/update_s": 4.0 * step,
+                        "bank/size": 2,
                     }
                 rows.append(row)
             write_lines(d / "metrics.jsonl", rows)
@@ -344,7 +345,7 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
         "### Entries: success when retrieved",
         "### Same slot, with and without the entry",
         "### Merge passes",
-        "### Bank quality",
+        "### The bank as it was",
         "## 4. What the extractor did",
         "## 5. Cost",
     ):
@@ -503,9 +504,48 @@ def test_the_quality_rule_marks_grounded_entries_and_duplicates():
 def test_bank_quality_replays_the_banks_history_step_by_step(tmp_path):
     write_fake_grid(tmp_path)
     run = [r for r in load_results(tmp_path) if r.slug == "complementary-s0"][0]
-    q = {row["step"]: row for row in bank_quality(run.changes)}
+    q = {row["step"]: row for row in bank_quality(run)}
     assert q[1]["entries"] == 2 and q[1]["good"] == pytest.approx(0.5)  # "Nothing happened." is not
     assert q[2]["entries"] == 2 and q[2]["good"] == pytest.approx(1.0)  # the merge removed it
+
+
+def _change(cid: int, entry: int, kind: str, step: int, deleted: bool = False) -> dict:
+    actor = "merge" if kind.startswith("merge") else "extractor"
+    return {"id": cid, "entry": entry, "kind": kind, "actor": actor, "step": step, "title": f"t{entry}",
+            "content": f"c{entry}", "deleted": deleted}  # fmt: skip
+
+
+def test_a_late_merge_pass_is_replayed_where_it_was_applied_not_at_the_step_that_asked_for_it():
+    """Step 2 asked for a pass that ran after step 3's entry was added and merged it away: its changes
+    carry step 2 but come after step 3's. Replayed by id the bank ends as the run recorded it; sorted by
+    step, entry 4's removal would come before its addition and the entry would live on."""
+    changes = [
+        _change(1, 1, "add", 1),
+        _change(2, 2, "add", 1),
+        _change(3, 3, "add", 2),
+        _change(4, 4, "add", 3),  # step 3's distillation, before the late pass
+        _change(5, 5, "merge_add", 2),
+        _change(6, 3, "merge_remove", 2, deleted=True),
+        _change(7, 4, "merge_remove", 2, deleted=True),
+    ]
+    replay = BankReplay.of(list(reversed(changes)), {1: 2, 2: 3, 3: 3})
+    assert replay.mismatched == [] and replay.final_size == 3
+    banks, final = replay.banks()
+    assert sorted(banks[1]) == [1, 2] and sorted(banks[2]) == [1, 2, 3] and sorted(banks[3]) == [1, 2, 5]
+    assert sorted(final) == [1, 2, 5]
+    by_step = sorted(changes, key=lambda c: (c["step"], c["id"]))  # the old replay's order
+    assert sizes_after(by_step)[-1] == 4
+    assert BankReplay.of(changes, {1: 2, 2: 3, 3: 6}).mismatched == [3]  # a size the bank never had
+
+
+def test_a_bank_that_never_reaches_the_recorded_size_is_flagged_in_the_report(tmp_path):
+    write_fake_grid(tmp_path)
+    metrics = tmp_path / "runs" / "complementary-s1" / "metrics.jsonl"
+    write_lines(metrics, [r | {"bank/size": 7} if r.get("step") == 3 and r["kind"] == "step" else r
+                          for r in read_lines(metrics)])  # fmt: skip
+    md = (build_report(tmp_path) / "report.md").read_text()
+    assert "**MISMATCH** complementary-s1" in md and "steps 3." in md
+    assert "| complementary-s0 | 2 | 2 | 4 / 4 |" in md
 
 
 def test_a_report_without_experience_still_has_every_section_saying_why_it_is_empty(tmp_path):

@@ -12,7 +12,7 @@ Reads ``<folder>/runs/<cell>/`` as ``webapp.experiments.export_results`` writes 
 3. what the experience did: guided vs free training success; per entry, success when retrieved minus the
    free rollouts' success on the same task instances (usefulness); guided rollouts beside the grpo run's
    rollouts of the same sampling seed while both actors are untrained; each merge pass's effect; the
-   similarity of what was handed out; the bank's quality by a mechanical rule (``entry_quality``);
+   similarity of what was handed out; the bank as it was (``trainer.experiments.bank``) and its quality;
 4. what the extractor did: CISPO steps, buffer fill, mean |advantage|, clip fraction, job counts, failures;
 5. cost: wall time per phase, the extractor's generated tokens and training seconds beside the actor's.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import METHODS
+from trainer.experiments.bank import BankReplay, shares
 from trainer.experiments.files import read_lines
 from trainer.experiments.stats import (
     Interval,
@@ -744,64 +745,16 @@ def merge_section(runs: Sequence[RunResult]) -> str:
 
 # ---- bank quality -----------------------------------------------------------------------------------
 
-ACTION_WORDS = re.compile(
-    r"\b(north|south|east|west|northeast|northwest|southeast|southwest|move|go|walk|step|take|open|close|"
-    r"put|heat|cool|clean|examine|use|search|click|buy|pick up|apply|push|unlock|toggle)\b",
-    re.IGNORECASE,
-)
-OBJECT_WORDS = re.compile(
-    r"(>|<|@|\b(staircase|stairs?|door|key|wall|trap|monster|legend|map|room|corridor|box|target|"
-    r"fridge|microwave|sink|drawer|cabinet|countertop|product|price|option|test|function)s?\b)",
-    re.IGNORECASE,
-)
+
+def bank_replay(r: RunResult) -> BankReplay:
+    """The run's bank rebuilt in applied order, checked against its recorded ``bank/size``."""
+    return BankReplay.of(r.changes, dict(zip(*r.train_series("bank/size"), strict=True)))
 
 
-def _tokens(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9<>@]+", text.lower()))
-
-
-def entry_quality(title: str, content: str, earlier: Sequence[set[str]]) -> dict[str, bool]:
-    """The mechanical rule: the entry names an action, names a symbol or object of the env, and is not a
-    duplicate (token Jaccard ≥ 0.8 with an entry already in the bank). ``good`` = (action or object) and
-    not a duplicate."""
-    text = f"{title}\n{content}"
-    tokens = _tokens(text)
-    action = bool(ACTION_WORDS.search(text))
-    obj = bool(OBJECT_WORDS.search(text))
-    dup = any(tokens and len(tokens & t) / len(tokens | t) >= 0.8 for t in earlier)
-    return {"action": action, "object": obj, "duplicate": dup, "good": (action or obj) and not dup}
-
-
-def bank_over_steps(changes: Sequence[dict[str, Any]]) -> dict[int, dict[int, tuple[str, str]]]:
-    """The live bank (entry → (title, content)) after each step that changed it, replayed from its history."""
-    state: dict[int, tuple[str, str, bool]] = {}
-    out: dict[int, dict[int, tuple[str, str]]] = {}
-    for c in sorted(changes, key=lambda c: (c["step"], c["id"])):
-        title = c.get("title") or state.get(c["entry"], ("", "", False))[0]
-        content = c.get("content") or state.get(c["entry"], ("", "", False))[1]
-        state[c["entry"]] = (title, content, not c.get("deleted"))
-        out[c["step"]] = {e: (t, b) for e, (t, b, live) in state.items() if live}
-    return out
-
-
-def bank_quality(changes: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
-    """Per step: live entries and the fractions that name an action / an object, are duplicates, are good."""
-    rows = []
-    for step, bank in sorted(bank_over_steps(changes).items()):
-        seen: list[set[str]] = []
-        marks = []
-        for _entry, (title, content) in sorted(bank.items()):
-            marks.append(entry_quality(title, content, seen))
-            seen.append(_tokens(f"{title}\n{content}"))
-        n = max(len(marks), 1)
-        rows.append(
-            {
-                "step": step,
-                "entries": len(marks),
-                **{k: sum(m[k] for m in marks) / n for k in ("action", "object", "duplicate", "good")},
-            }
-        )
-    return rows
+def bank_quality(r: RunResult) -> list[dict[str, float]]:
+    """Per step whose bank the rebuild matched: its entries and the rule's shares."""
+    banks, _ = bank_replay(r).banks()
+    return [{"step": step, **shares(bank)} for step, bank in sorted(banks.items())]
 
 
 def quality_section(runs: Sequence[RunResult], out: Path) -> str:
@@ -809,38 +762,64 @@ def quality_section(runs: Sequence[RunResult], out: Path) -> str:
     if not rs:
         return "### Bank quality (mechanical rule)\n\nNo bank entry was written.\n"
     lines = [
-        "### Bank quality (mechanical rule)",
+        "### The bank as it was, and its quality by the mechanical rule",
         "",
-        "An entry is *good* if it names an action or a symbol/object of the environment (word lists in "
-        "`trainer/experiments/report.py`) and is not a duplicate (token Jaccard ≥ 0.8 with an entry "
-        "already in the bank). Share of good entries in the live bank at the run's last change:",
+        "Each run's bank rebuilt from `changes.jsonl` in the order the changes were applied (their ids), "
+        "checked against the `bank/size` the run recorded at every step: a step matches when the rebuilt "
+        "bank passes through the recorded size after the previous step's point and before any change "
+        "stamped with a later step. An entry is marked *good* by the rule if it names an action or a "
+        "symbol/object of the environment (word lists in `trainer/experiments/bank.py`) and is not a "
+        "duplicate (token Jaccard ≥ 0.8 with an entry of lower id). Shares over the final bank (every "
+        "change applied):",
         "",
     ]
-    rows = []
+    rows, warnings = [], []
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for r in rs:
-        q = bank_quality(r.changes)
-        if not q:
-            continue
-        last = q[-1]
+        replay = bank_replay(r)
+        banks, final = replay.banks()
+        q = shares(final)
+        last = max(replay.recorded, default=None)
+        checked = f"{replay.checked - len(replay.mismatched)} / {replay.checked}" if replay.checked else "–"
+        if replay.mismatched:
+            warnings.append(
+                f"**MISMATCH** {r.slug}: the rebuilt bank never has the recorded `bank/size` at steps "
+                f"{', '.join(map(str, replay.mismatched))}."
+            )
         rows.append(
             [
                 r.slug,
-                last["step"],
-                last["entries"],
-                _fmt(last["action"]),
-                _fmt(last["object"]),
-                _fmt(last["duplicate"]),
-                _fmt(last["good"]),
+                q["entries"],
+                replay.recorded.get(last, "–") if last is not None else "–",
+                checked,
+                _fmt(q["action"]),
+                _fmt(q["object"]),
+                _fmt(q["duplicate"]),
+                _fmt(q["good"]),
             ]
         )
-        ax.plot([x["step"] for x in q], [x["good"] for x in q], marker=".", label=r.slug)
+        steps = sorted(banks)
+        ax.plot(steps, [shares(banks[s])["good"] for s in steps], marker=".", label=r.slug)
     lines.append(
-        _table(["run", "step", "entries", "names an action", "names an object", "duplicates", "good"], rows)
+        _table(
+            [
+                "run",
+                "final entries (rebuilt)",
+                "bank/size at last step",
+                "steps matching bank/size",
+                "names an action",
+                "names an object",
+                "duplicates",
+                "marked good",
+            ],
+            rows,
+        )
     )
+    if warnings:
+        lines += ["", *warnings]
     _step_axis(ax)
-    ax.set_ylabel("share of good entries")
+    ax.set_ylabel("share marked good by the rule")
     ax.set_ylim(-0.05, 1.05)
     ax.legend(fontsize=7)
     _save(fig, out / "bank_quality.png")
