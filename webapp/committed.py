@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 

@@ -67,7 +67,9 @@ def committed_detail(request: HttpRequest, experiment: CommittedExperiment) -> H
     context = {
         "experiment": experiment,
         "cells": experiment.cells,
-        "report": report_html(report.read_text(encoding="utf-8"), experiment.name) if report.is_file() else "",
+        "report": report_html(report.read_text(encoding="utf-8"), experiment.name)
+        if report.is_file()
+        else "",
     }
     return render(request, "webapp/experiments_committed.html", context)
 
@@ -90,7 +92,8 @@ def experiment_report_file(request: HttpRequest, name: str, filename: str) -> Ht
     experiment = experiment_or_committed(request, name)
     if filename not in REPORT_FILES and not (filename.endswith(".png") and "/" not in filename):
         raise Http404("no such report file")
-    folder = experiment.folder if isinstance(experiment, CommittedExperiment) else results_dir(experiment.folder)
+    committed = isinstance(experiment, CommittedExperiment)
+    folder = experiment.folder if committed else results_dir(experiment.folder)
     path = folder / "report" / filename
     if not path.is_file():
         raise Http404(f"the report has not been built: manage.py experiment report {experiment.name}")

@@ -34,7 +34,8 @@ def test_a_committed_grids_page_shows_its_cells_report_and_file(client, user):
     page = response.content.decode()
     assert "read-only" in page and "configs/experiments/room-5x5.toml" in page
     grid = next(e for e in committed_experiments() if e.name == "room-5x5")
-    assert sorted((c.arm, c.seed) for c in grid.cells) == [(a, s) for a in ("complementary", "grpo") for s in range(3)]
+    arms = ("complementary", "grpo")
+    assert sorted((c.arm, c.seed) for c in grid.cells) == [(a, s) for a in arms for s in range(3)]
     assert all(c.status == "succeeded" and c.steps == 20 for c in grid.cells)
     assert grid.done == grid.cell_count == 6
     assert '<img src="/experiments/room-5x5/report/eval_success.png"' in page
