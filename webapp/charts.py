@@ -294,11 +294,15 @@ class Comparison:
     def chart_data(self) -> dict[str, Any]:
         return {"runs": self.runs, "groups": self.groups, "metrics": self.metrics, **chart_options()}
 
-    def csv_rows(self) -> list[list[Any]]:
+    def csv_rows(self, *, every_metric: bool = False) -> list[list[Any]]:
+        """The plotted points of the metrics the page draws (``selected``), or of all of them."""
+        shown = {(m["kind"], m["key"]) for m in self.selected}
         rows = []
         for run in self.runs:
             for kind, s in run["series"].items():
                 for key, values in s["values"].items():
+                    if not every_metric and (kind, key) not in shown:
+                        continue
                     for step, wall, value in zip(s["step"], s["wall"], values, strict=True):
                         if value is not None:
                             rows.append([run["id"], run["name"], run["group"], kind, key, step, wall, value])

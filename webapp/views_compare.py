@@ -46,13 +46,16 @@ def compare(request: HttpRequest) -> HttpResponse:
 
 
 def compare_csv(request: HttpRequest) -> HttpResponse:
-    """The plotted (downsampled) points of every run and metric as CSV."""
+    """The plotted (downsampled) points of every run as CSV: of the metrics the page draws (the picked ones,
+    else its default set), or of every metric with ``?all=1``."""
     form, comparison = _comparison(request)
     if comparison is None:
         return HttpResponse("; ".join(e for es in form.errors.values() for e in es), status=400)
     response = HttpResponse(content_type="text/csv")
-    response["Content-Disposition"] = 'attachment; filename="compare.csv"'
+    every_metric = request.GET.get("all") == "1"
+    name = "compare-all-metrics.csv" if every_metric else "compare.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
     writer = CsvWriter(response)
     writer.writerow(["run_id", "run_name", "group", "kind", "metric", "step", "wall_time", "value"])
-    writer.writerows(comparison.csv_rows())
+    writer.writerows(comparison.csv_rows(every_metric=every_metric))
     return response

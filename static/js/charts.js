@@ -327,6 +327,8 @@ const Studio = (() => {
       params.delete("metric");
       for (const m of selected()) params.append("metric", m.kind + ":" + m.key);
       history.replaceState(null, "", location.pathname + "?" + params.toString());
+      const csv = document.getElementById("csv-link");  // the CSV holds what the page shows
+      if (csv) csv.href = csv.pathname + "?" + params.toString();
     }
 
     picker.addEventListener("change", (event) => {
