@@ -6,6 +6,8 @@ experiment runner), which never loads torch:
 - crash recovery: a child that dies (a signal, out of memory, a crash in native code) while its run is
   still running is started again and resumes from the run's last checkpoint (the steps after it are redone,
   each recorded once), at most ``MAX_RESTARTS`` times; then the run fails with the reason;
+- the child runs at a lower CPU priority (``STUDIO_TRAINING_NICE``): on a machine that also serves the
+  pages, a request never waits behind a training step for a core;
 - the child dies with its supervisor (``PR_SET_PDEATHSIG``), so a task redelivered after its worker died
   never meets an orphan still training, and claims the run at once (``Run.holder_is_gone``).
 """
@@ -50,31 +52,35 @@ def claim_and_train(run: Run, *, worker: str) -> str:
 
 
 def exit_reason(code: int) -> str:
+    """How a training process ended, as the middle of a sentence ("The training process ..."): a SIGKILL
+    says its usual cause, since that is what a person can act on."""
     if code >= 0:
-        return f"with exit code {code}"
+        return f"exited with code {code}"
+    if -code == signal.SIGKILL:
+        return "was killed (SIGKILL: most often the machine ran out of memory, or someone stopped it)"
     try:
         name = signal.Signals(-code).name
     except ValueError:
-        name = str(-code)
-    hint = " (out of memory, or stopped by hand)" if -code == signal.SIGKILL else ""
-    return f"killed by {name}{hint}"
+        name = f"signal {-code}"
+    return f"was stopped by {name}"
 
 
 def restart(run: Run, code: int) -> bool:
     """The child ended with ``run`` still running: record why and say whether to start it again."""
     why = exit_reason(code)
     if run.cancel_requested:
-        run.finish(Run.Status.CANCELLED, f"The training process ended {why} while cancelling.")
+        run.finish(Run.Status.CANCELLED, f"The training process {why} while it was being cancelled.")
         return False
     if run.restarts >= MAX_RESTARTS:
         run.mark_failed(
-            f"The training process died {run.restarts + 1} times, the last time {why} at step {run.step}. "
-            "Resume it from its last checkpoint once the cause is fixed (memory: lower tasks_per_step, "
-            "k_rollouts or rollout.kv_cache_gib); the worker's log has the details."
+            f"The training process stopped {run.restarts + 1} times; the last time it {why} at step "
+            f"{run.step}. If memory ran out, clone the run with a lower tasks_per_step, k_rollouts or "
+            "rollout.kv_cache_gib; otherwise fix the cause and press Resume from checkpoint. The worker's "
+            "log says more."
         )
         return False
     notice = (
-        f"The training process died {why} at step {run.step}; resumed from the last checkpoint "
+        f"The training process {why} at step {run.step}; it was started again from the last checkpoint "
         f"(restart {run.restarts + 1} of {MAX_RESTARTS})."
     )
     Run.objects.filter(pk=run.pk).update(restarts=F("restarts") + 1, notice=notice)
@@ -90,6 +96,7 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.nice(settings.STUDIO_TRAINING_NICE)
 
 
 def train_in_child(run_id: int) -> int:
