@@ -28,6 +28,7 @@ from api.schemas import (
     MetricRowOut,
     MetricsOut,
     PathId,
+    PlanOut,
     Refused,
     RunDetailOut,
     RunFilters,
@@ -47,6 +48,7 @@ from webapp.services import (
     run_launch_submission,
     run_resume,
 )
+from webapp.workers import plan_summary
 
 api = NinjaAPI(
     title="Complementary RL Studio API",
@@ -187,12 +189,15 @@ LAUNCH_RESPONSES = {200: LaunchOut, 201: LaunchOut, 403: Error, 404: Error, 422:
 
 def _launch_answer(launched: Launched | None, form) -> Status:
     if launched is None:
-        return Status(422, {"detail": "the launch was refused", "errors": form_errors(form)})
+        errors = form_errors(form)
+        detail = "; ".join(errors.get("plan", [])) or "the launch was refused"
+        return Status(422, {"detail": detail, "errors": errors})
     experiment = launched.experiment
     body = {
         "runs": launched.runs,
         "experiment": experiment.name if experiment else None,
         "again": launched.again,
+        "plan": plan_summary(form.placement) if form.placement is not None else None,
     }
     return Status(200 if launched.again else 201, body)
 
@@ -206,6 +211,23 @@ def launch(request: HttpRequest, body: LaunchIn):
     base = body.base if body.base is not None else preset_base(body.preset)
     form = launch_form(body, base=base, defaults={"preset": body.preset})
     return _launch_answer(run_launch_submission(user, form), form)
+
+
+@api.post("/plan", response={200: PlanOut, 403: Error, 422: Refused}, tags=["runs"])
+def plan(request: HttpRequest, body: LaunchIn):
+    """The plan of a launch body, without launching: bytes per device for each part, the peak, time per step
+    and evaluation, the worker it would go to, or why no worker can run it (``fits`` false, ``refusal``).
+    A body the launch form refuses for another reason is 422, as ``POST /runs`` answers it."""
+    _require_launch(caller(request).user)
+    base = body.base if body.base is not None else preset_base(body.preset)
+    form = launch_form(body, base=base, defaults={"preset": body.preset})
+    form.is_valid()
+    if form.placement is not None:
+        return plan_summary(form.placement)
+    if form.plan_error:
+        detail = f"the launch cannot be planned (it would launch unchecked): {form.plan_error}"
+        return Status(422, {"detail": detail, "errors": {"plan": [form.plan_error]}})
+    return Status(422, {"detail": "the launch was refused", "errors": form_errors(form)})
 
 
 @api.post("/runs/{run_id}/clone", response=LAUNCH_RESPONSES, tags=["runs"])

@@ -10,8 +10,9 @@ from webapp.charts import flatten
 from webapp.forms import CONFIG_FIELDS, LaunchForm, config_initial
 
 FIELD_OF_KEY = {key: name for name, key in CONFIG_FIELDS.items()}
-API_NAME_OF_FIELD = CONFIG_FIELDS | {"overrides": "config"}
-"""Form field -> the name an API caller used: its config key (other keys all travel as ``overrides``)."""
+API_NAME_OF_FIELD = CONFIG_FIELDS | {"overrides": "config", "__all__": "plan"}
+"""Form field -> the name an API caller used: its config key (other keys all travel as ``overrides``); the
+form's own errors are the plan's refusal."""
 
 
 def _override_text(value: Any) -> str:

@@ -202,10 +202,44 @@ class LaunchIn(LaunchChanges):
     )
 
 
+class PlanPartOut(Schema):
+    name: str
+    bytes: int = Field(description="Bytes per device.")
+    host: bool = Field(description="Held in host memory (on an accelerator: beside the device, not on it).")
+
+
+class PlanWorkerOut(Schema):
+    node: str
+    devices: str
+    why_not: str | None = Field(description="Why the launch cannot run on this worker; null when it can.")
+
+
+class PlanOut(Schema):
+    """A launch's plan (``trainer.plan``) on the worker it goes to, or on the largest when none can run it."""
+
+    fits: bool = Field(description="Whether a worker can run it; a launch that does not fit is refused.")
+    refusal: str | None = Field(description="Why not, with the plan's numbers and a fix.")
+    queue: str | None = Field(description="The Celery queue it goes to (null when refused).")
+    worker: str = Field(description="The worker it was planned on.")
+    devices: str = Field(description="The devices it gets there.")
+    device_kind: str
+    nproc: int
+    parts: list[PlanPartOut]
+    peak_bytes: int = Field(description="Peak bytes per device.")
+    device_memory: int = Field(description="Bytes each device has.")
+    step_s: float = Field(description="Estimated seconds per training step.")
+    eval_s: float = Field(description="Estimated seconds per evaluation.")
+    table: str = Field(description="The plan as text, as `manage.py plan` prints it.")
+    workers: list[PlanWorkerOut] = Field(
+        description="Every worker checked (the web server's machine when none has registered)."
+    )
+
+
 class LaunchOut(Schema):
     runs: list[RunOut]
     experiment: str | None
     again: bool = Field(description="True if this submission key had launched these runs already.")
+    plan: PlanOut | None = Field(None, description="The plan it was accepted on (null for a repeated key).")
 
 
 class Refused(Schema):

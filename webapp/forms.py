@@ -22,7 +22,9 @@ from experience.transfer import CONTENT_MAX, FILE_MAX_BYTES, TITLE_MAX
 from trainer import envs, paths
 from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
 from trainer.experiments.spec import ExperimentSpec
+from trainer.plan import PlanError
 from webapp.models import Experiment, Run
+from webapp.workers import Placement, place_all
 
 ABLATIONS = (
     "no_split",
@@ -107,7 +109,10 @@ CONFIG_FIELDS = {
     "turn_limit": "rollout.turn_limit",
     "seed": "seed",
     "eval_every": "eval_every",
+    "nproc": "nproc",
 }
+OPTIONAL_FIELDS = {"nproc"}
+"""Fields left empty to keep the starting config's value (a form posted without them launches as before)."""
 
 
 def env_choices() -> list[tuple[str, Any]]:
@@ -288,6 +293,12 @@ class LaunchForm(forms.Form):
     seed = forms.IntegerField(label="First seed")
     n_seeds = forms.IntegerField(label="Seeds to launch", initial=1, min_value=1, max_value=MAX_SEEDS)
     eval_every = forms.IntegerField(label="Eval every (steps)")
+    nproc = forms.IntegerField(
+        required=False,
+        label="Processes (devices)",
+        help_text="One per GPU (FSDP2 over them), or CPU processes sharing this machine; the run goes to a "
+        "worker that has them.",
+    )
     overrides = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         required=False,
@@ -333,6 +344,10 @@ class LaunchForm(forms.Form):
             self.initial.setdefault("submission", uuid.uuid4().hex)
         self.config: RunConfig | None = None
         self.spec: ExperimentSpec | None = None
+        self.placement: Placement | None = None
+        """Where the launch goes and its plan (``webapp.workers.place``), once the form is judged."""
+        self.plan_error = ""
+        """Why no plan could be made (a model of a shape the plan cannot read): the launch goes unchecked."""
 
     def clean_actor_model(self) -> str:
         return clean_model_path(self.cleaned_data["actor_model"])
@@ -380,7 +395,11 @@ class LaunchForm(forms.Form):
         data = super().clean()
         if self.errors:
             return data
-        values = {key: data[name] for name, key in CONFIG_FIELDS.items()}
+        values = {
+            key: data[name]
+            for name, key in CONFIG_FIELDS.items()
+            if not (name in OPTIONAL_FIELDS and data[name] is None)
+        }
         try:
             config = RunConfig.from_dict(data["base"])
             config = config.with_overrides(**values, **data["overrides"])
@@ -396,7 +415,22 @@ class LaunchForm(forms.Form):
         self.config = config
         if data.get("experiment"):
             self.spec = self._experiment_spec(config, data)
+        if not self.errors:
+            self._place(config)
         return data
+
+    def _place(self, config: RunConfig) -> None:
+        """Judge the launch by its plan on the workers' devices (``webapp.workers``): refused, with the plan's
+        numbers and a fix, when no worker can run it (an experiment: when one of its methods cannot run). A
+        model whose shape the plan cannot read is launched unchecked, as before plans (``plan_error``)."""
+        methods = list(self.spec.methods) if self.spec is not None else [config.method]
+        try:
+            self.placement = place_all([config.with_overrides(method=m) for m in methods])
+        except PlanError as err:  # a model of a shape the plan does not know: launched unchecked
+            self.plan_error = str(err)
+            return
+        if self.placement.refusal:
+            self.add_error(None, self.placement.refusal)
 
     def _experiment_spec(self, config: RunConfig, data: dict[str, Any]) -> ExperimentSpec | None:
         """The grid this form launches: the form's config as the base, its budget shared by every cell."""

@@ -9,10 +9,12 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.config import RunConfig
+from trainer.config import ConfigError, RunConfig
+from trainer.plan import PlanError
 from webapp.events import broadcast_run_event
 from webapp.models import Experiment, Run
 from webapp.selectors import run_get
+from webapp.workers import check, place, registered
 
 if TYPE_CHECKING:
     from webapp.forms import LaunchForm
@@ -53,13 +55,61 @@ def run_get_managed(user, run_id: int) -> Run:
 TRAIN_TASK = "webapp.tasks.train_run"
 
 
-def _enqueue(run_id: int) -> None:
-    """Send the run to a training worker by task name (routed to the ``training`` queue by settings), so
-    the web process never imports the trainer."""
+def _send(run_id: int, queue: str | None) -> None:
+    """Send the run to ``queue`` by task name (None: the ``training`` queue settings route it to), so the web
+    process never imports the training code."""
     from webapp.celery import app
 
-    result = app.send_task(TRAIN_TASK, args=[run_id])
+    result = app.send_task(TRAIN_TASK, args=[run_id], queue=queue)
     Run.objects.filter(pk=run_id).update(celery_task_id=result.id)
+
+
+def run_enqueue(run_id: int) -> None:
+    """Send the run to a worker that can train it (``webapp.workers.place``). One that no live worker can
+    train any more (the one that could left between the launch and now) fails with the plan's reason; a
+    config that cannot be read goes to the training queue, whose worker reports why it cannot train it."""
+    run = Run.objects.get(pk=run_id)
+    try:
+        placement = place(RunConfig.from_dict(run.config))
+    except ConfigError:
+        return _send(run_id, None)
+    if placement.queue is None:
+        run.mark_failed(f"Refused when it was queued: {placement.refusal}")
+        broadcast_run_event(run_id, {"kind": "status", "status": run.display_status})
+        return None
+    return _send(run_id, placement.queue)
+
+
+_enqueue = run_enqueue
+"""What a commit calls for each new run (tests replace it to queue nothing)."""
+
+
+def run_hand_on(run: Run, node: str) -> str | None:
+    """Called by the worker ``node`` before it claims ``run``: None when it can train it (or is not
+    registered); otherwise the run goes to a worker that can (what it says is returned), or fails with the
+    plan's reason when none can, so a worker never trains a run its devices do not fit."""
+    me = registered(node)
+    if me is None:
+        return None
+    try:
+        cfg = RunConfig.from_dict(run.config)
+        mine = check(cfg, me)
+    except ConfigError:
+        return None  # an unreadable config or one with no plan: the training reports why
+    if mine.fits:
+        return None
+    try:
+        placement = place(cfg, exclude=node)
+    except ConfigError:  # no other worker (PlanError)
+        placement = None
+    if placement is not None and placement.queue is not None:
+        _send(run.pk, placement.queue)
+        return f"handed on to {placement.queue}"
+    why = placement.refusal if placement is not None else f"no worker can run it: {mine.why_not}"
+    Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).update(
+        status=Run.Status.FAILED, error=f"Refused by {node}: {why}", finished_at=timezone.now()
+    )
+    return Run.Status.FAILED
 
 
 def run_create(
@@ -203,6 +253,12 @@ def run_resume(run: Run, owner) -> Run:
             "start again"
         )
     config = RunConfig.from_dict(run.config)
+    try:
+        refused = place(config).refusal
+    except PlanError:  # a model the plan cannot read: resumed unchecked, as it was launched
+        refused = None
+    if refused:
+        raise RunError(f"it cannot be resumed: {refused}")
     (resumed,) = run_create(
         owner, config, name=f"{run.name} (resumed)", tags=run.tags, shared=run.shared,
         resume_from=source,

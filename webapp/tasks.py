@@ -38,14 +38,21 @@ def train_run(self, run_id: int) -> str:
     """Train one run on this worker. Safe to deliver twice: only one worker can claim the run.
 
     A run whose worker died (heartbeat stale, or its claiming process gone) is claimed again when its task
-    is redelivered or requeued (``requeue_lost_runs``), and resumes from its last checkpoint.
+    is redelivered or requeued (``requeue_lost_runs``), and resumes from its last checkpoint. A run this
+    worker's devices do not fit is handed on to one whose do (``webapp.services.run_hand_on``).
     """
+    from webapp.services import run_hand_on
     from webapp.supervisor import claim_and_train  # trains in a child process; this one stays light
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return f"run {run_id} does not exist"
-    status = claim_and_train(run, worker=self.request.hostname or socket.gethostname())
+    node = self.request.hostname or socket.gethostname()
+    if (handed := run_hand_on(run, node)) is not None:  # its devices do not fit this run
+        if handed == Run.Status.FAILED:
+            broadcast_run_event(run_id, {"kind": "status", "status": handed})
+        return handed
+    status = claim_and_train(run, worker=node)
     if status in Run.Status.values:  # it was claimed here and has ended
         broadcast_run_event(run_id, {"kind": "status", "status": status})
     return status
@@ -59,6 +66,7 @@ def requeue_lost_runs() -> list[int]:
     """Put runs no process is training (``Run.is_lost``: their worker died with them) back on the training
     queue, to resume from their last checkpoint on any worker, or fail those resumed ``MAX_RESTARTS``
     times already; returns the requeued ids. The conditional update makes it safe on several workers."""
+    from webapp.services import run_enqueue
     from webapp.supervisor import MAX_RESTARTS
 
     requeued = []
@@ -77,7 +85,7 @@ def requeue_lost_runs() -> list[int]:
         )
         same = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, heartbeat_at=run.heartbeat_at)
         if same.update(status=Run.Status.QUEUED, restarts=F("restarts") + 1, notice=notice):
-            train_run.apply_async(args=[run.pk])
+            run_enqueue(run.pk)  # to a worker whose devices fit it
             requeued.append(run.pk)
     return requeued
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("workers/", views.workers, name="workers"),
     path("runs/launch/", views_runs.run_launch, name="run_launch"),
+    path("runs/launch/plan/", views_runs.run_launch_plan, name="run_launch_plan"),
     path("runs/<int:run_id>/", views_runs.run_detail, name="run_detail"),
     path("runs/<int:run_id>/cancel/", views_runs.run_cancel_view, name="run_cancel"),
     path("runs/<int:run_id>/resume/", views_runs.run_resume_view, name="run_resume"),

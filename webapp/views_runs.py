@@ -23,6 +23,7 @@ from webapp.services import (
     run_launch_submission,
     run_resume,
 )
+from webapp.workers import plan_display
 
 
 def run_launch(request: HttpRequest) -> HttpResponse:
@@ -46,6 +47,18 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         form = LaunchForm.for_preset(preset if preset in PRESETS else "cpu")
     template = "webapp/_launch_form.html" if request.htmx else "webapp/launch.html"
     return render(request, template, {"form": form})
+
+
+@require_POST
+def run_launch_plan(request: HttpRequest) -> HttpResponse:
+    """The launch form's plan, re-rendered by htmx as the person edits: the form's values judged as a launch
+    would judge them (bytes per device per part, the peak, time per step and evaluation, which worker)."""
+    if not can_launch(request.user):
+        raise PermissionDenied("you may not launch runs")
+    form = LaunchForm(request.POST)
+    form.is_valid()
+    plan = plan_display(form.placement) if form.placement is not None else None
+    return render(request, "webapp/_launch_plan.html", {"form": form, "plan": plan})
 
 
 def _launch(request: HttpRequest, form: LaunchForm) -> HttpResponse:

@@ -34,6 +34,7 @@ class Command(DatabaseCommand):
         self.stdout.ending = ""
         namespace = _Namespace(options)
         try:
+            _refuse_what_does_not_fit(config_from_args(namespace))
             if options["no_record"]:
                 run_from_args(namespace, stdout=self.stdout)
             else:
@@ -75,6 +76,20 @@ class Command(DatabaseCommand):
             run.mark_failed(failure_message(exc))
             raise
         self.stdout.write(f"run {run.pk} {status}\n")
+
+
+def _refuse_what_does_not_fit(cfg) -> None:
+    """The launch form's rule, on this machine (``STUDIO_WORKER_DEVICES`` where set): a config whose plan does
+    not fit its devices is refused with the plan's numbers and a fix, before anything loads."""
+    from webapp.workers import check, stand_in
+
+    here = stand_in()
+    why = check(cfg, here).why_not
+    if why is not None:
+        raise CommandError(
+            f"refused: this machine ({here.devices.describe()}) cannot run it: {why}. "
+            "manage.py plan with the same flags prints the whole plan."
+        )
 
 
 class _Namespace:

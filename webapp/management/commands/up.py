@@ -9,7 +9,7 @@ import time
 import psutil
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from webapp import embedded, webserver
 
@@ -36,8 +36,14 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("STUDIO_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("STUDIO_PORT", 8000)))
         parser.add_argument("--no-worker", action="store_true", help="Do not start Celery workers here.")
+        parser.add_argument(
+            "--worker-devices",
+            help="The training worker's devices instead of detecting them, e.g. 2x80GB or cpu:24GB "
+            "(STUDIO_WORKER_DEVICES, which the workers inherit).",
+        )
 
     def handle(self, *args, host: str, port: int, no_worker: bool, **options) -> None:
+        _check_worker_devices(options.get("worker_devices"))
         self.children: dict[str, subprocess.Popen] = {}
         self.trees: list[psutil.Process] = []
         self.stopping = False
@@ -123,6 +129,20 @@ class Command(BaseCommand):
         for child in self.children.values():
             child.wait()
         return list(self.children)
+
+
+def _check_worker_devices(given: str | None) -> None:
+    """``--worker-devices`` goes to the workers as ``STUDIO_WORKER_DEVICES``; a malformed description stops
+    ``up`` before it starts anything, with the forms it takes."""
+    from trainer.plan import PlanError
+    from webapp.workers import DEVICES_ENV, configured_devices
+
+    if given:
+        os.environ[DEVICES_ENV] = given
+    try:
+        configured_devices()
+    except PlanError as err:
+        raise CommandError(str(err)) from None
 
 
 def worker_commands(python: str = sys.executable, *, prefix: str = "") -> dict[str, list[str]]:
