@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from trainer.experiments.files import read_lines, write_lines
+
 if TYPE_CHECKING:
     from trainer.rollout.runner import Episode
 
@@ -153,16 +155,44 @@ class ConsoleReporter(BaseReporter):
         self._print(f"eval after step {step}: " + ", ".join(parts))
 
 
+def redone_on_resume(row: Mapping[str, Any], start_step: int) -> bool:
+    """Whether an attempt that starts at ``start_step`` writes ``row`` again: every step from there on and
+    the evaluations after them; starting over (step 1), the untrained model's evaluation (step 0) too."""
+    return start_step <= 1 or int(row["step"]) >= start_step
+
+
+def drop_redone(path: Path, start_step: int) -> list[dict[str, Any]]:
+    """Remove from the log at ``path`` the rows an attempt starting at ``start_step`` writes again; the
+    rows kept."""
+    rows = read_lines(path)
+    kept = [r for r in rows if not redone_on_resume(r, start_step)]
+    if len(kept) < len(rows):
+        write_lines(path, kept)
+    return kept
+
+
 class JsonlReporter(BaseReporter):
-    """Appends ``{"kind": "step"|"eval", "step": n, ...metrics}`` lines to ``path``."""
+    """Writes ``{"kind": "step"|"eval", "step": n, ...metrics}`` lines to ``path``, each (kind, step) once.
+
+    A resumed run redoes the steps after its checkpoint: ``on_start`` drops the rows the lost attempt
+    wrote for them, and a row replaces an earlier one of its (kind, step) (the finishing pass of a run
+    that died after its last step writes that step's row again), so the file never holds two attempts.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._keys = {_row_key(r) for r in read_lines(self.path)}
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self._keys = {_row_key(r) for r in drop_redone(self.path, start_step)}
 
     def _write(self, kind: str, step: int, metrics: Mapping[str, float]) -> None:
+        if (kind, step) in self._keys:
+            write_lines(self.path, [r for r in read_lines(self.path) if _row_key(r) != (kind, step)])
         with self.path.open("a") as f:
             f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **metrics}) + "\n")
+        self._keys.add((kind, step))
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         self._write("step", step, metrics)
@@ -171,18 +201,30 @@ class JsonlReporter(BaseReporter):
         self._write("eval", step, metrics)
 
 
+def _row_key(row: Mapping[str, Any]) -> tuple[str, int]:
+    return row.get("kind", ""), int(row["step"])
+
+
 class EpisodeLogReporter(BaseReporter):
-    """Appends one compact line per training episode to ``path`` (no turns): what experiment reports need
-    to relate outcomes to the entries that guided them, without the database."""
+    """Writes one compact line per training episode to ``path`` (no turns), each step's batch once: what
+    experiment reports need to relate outcomes to the entries that guided them, without the database.
+    Like ``JsonlReporter``, a resumed attempt first drops the episodes of the steps it redoes."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._steps = {int(r["step"]) for r in read_lines(self.path)}
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self._steps = {int(r["step"]) for r in drop_redone(self.path, start_step)}
 
     def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
+        if step in self._steps:
+            write_lines(self.path, [r for r in read_lines(self.path) if int(r["step"]) != step])
         with self.path.open("a") as f:
             for e in episodes:
                 f.write(json.dumps(episode_line(step, e)) + "\n")
+        self._steps.add(step)
 
 
 def episode_line(step: int, e: Episode) -> dict[str, Any]:

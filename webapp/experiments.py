@@ -26,7 +26,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from trainer.config import ConfigError
-from trainer.experiments.files import FAILURES_FILE, last_attempt, read_lines, write_lines
+from trainer.experiments.files import (
+    FAILURES_FILE,
+    batch_sizes,
+    last_attempt,
+    last_batches,
+    read_lines,
+    write_lines,
+)
 from trainer.experiments.spec import Cell, ExperimentSpec
 from trainer.paths import var_dir
 from webapp.models import Experiment, Run
@@ -356,9 +363,12 @@ def export_results(run: Run) -> Path | None:
     dest.mkdir(parents=True, exist_ok=True)
     if (src / "config.json").exists():
         shutil.copyfile(src / "config.json", dest / "config.json")
-    for name in ("metrics.jsonl", "episodes.jsonl"):
-        if (src / name).exists():
-            write_lines(dest / name, last_attempt(read_lines(src / name)))
+    metrics = last_attempt(read_lines(src / "metrics.jsonl"))
+    if (src / "metrics.jsonl").exists():
+        write_lines(dest / "metrics.jsonl", metrics)
+    if (src / "episodes.jsonl").exists():
+        episodes = last_batches(read_lines(src / "episodes.jsonl"), batch_sizes(metrics))
+        write_lines(dest / "episodes.jsonl", episodes)
     if (src / FAILURES_FILE).exists():  # every attempt's: what the extractor wrote that could not be used
         shutil.copyfile(src / FAILURES_FILE, dest / FAILURES_FILE)
     write_lines(dest / "changes.jsonl", bank_changes(run))

@@ -379,8 +379,8 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
     first = t_interval([2, 1])
     assert f"| grpo | {first.mean:.1f} ± {first.half_width:.1f} (2/2) | 3.0 ± 0.0 (2/2) | never (0/2) |" in md
     assert "| complementary-s0 | 2 | 3 | – |" in md and "| complementary-s1 | 1 | 3 | – |" in md
-    # merge passes finished and requests coalesced, at each experience run's last step (4): 2 (1)
-    assert "| passes (coalesced) |" in md and "| 2 (1) |" in md
+    # merge passes from the journal (one pass at step 2, one attempt), requests coalesced from the metrics
+    assert "| passes (attempts; coalesced) |" in md and "| 1 (1; 1) |" in md
     # the criterion over the arm: 3 CISPO steps with signal in each run's 3 steps after its 1 warm-up step
     assert "- complementary: 6 CISPO steps with signal over 6 actor steps after warm-up = 1.00 pooled" in md
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainer.config import METHODS
 from trainer.experiments.bank import BankReplay, shares
-from trainer.experiments.files import read_lines
+from trainer.experiments.files import FAILURES_FILE, read_lines, repeated_rows
 from trainer.experiments.stats import (
     Interval,
     area_under_curve,
@@ -62,6 +62,8 @@ class RunResult:
     changes: list[dict[str, Any]] = field(default_factory=list)
     merges: list[dict[str, Any]] = field(default_factory=list)
     status: str = ""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    cell: dict[str, Any] = field(default_factory=dict)
 
     @property
     def uses_experience(self) -> bool:
@@ -88,11 +90,17 @@ def load_results(folder: Path) -> list[RunResult]:
     """Every cell under ``folder/runs``, ordered by method (as in ``METHODS``), arm, then seed."""
     runs = []
     for d in sorted(p for p in (Path(folder) / "runs").iterdir() if p.is_dir()):
+        if repeated := repeated_rows(d):
+            raise ValueError(
+                f"{d} holds rows of more than one attempt ({'; '.join(repeated)}): a report counts each "
+                "step once; keep each step's last attempt (trainer.experiments.files.last_attempt, "
+                "last_batches) before building it"
+            )
         cell = json.loads((d / "cell.json").read_text()) if (d / "cell.json").exists() else {}
         config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
         train, evals = {}, {}
         for row in read_lines(d / "metrics.jsonl"):
-            (evals if row.get("kind") == "eval" else train)[int(row["step"])] = row  # last attempt wins
+            (evals if row.get("kind") == "eval" else train)[int(row["step"])] = row
         arm, _, seed = (cell.get("cell") or d.name.replace("-s", "/s")).rpartition("/s")
         method = cell.get("method") or config.get("method", arm)
         runs.append(
@@ -108,6 +116,8 @@ def load_results(folder: Path) -> list[RunResult]:
                 read_lines(d / "changes.jsonl"),
                 read_lines(d / "merges.jsonl"),
                 cell.get("status", ""),
+                read_lines(d / FAILURES_FILE),
+                cell,
             )
         )
     order = {m: i for i, m in enumerate(METHODS)}
@@ -833,10 +843,34 @@ def steps_after_warmup(r: RunResult) -> int:
     return max(max(r.train, default=0) - r.warmup, 0)
 
 
+def merge_attempts(merges: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The merge passes as they ran, from the journal: (step that asked, chunks) per attempt. A pass's
+    chunks count up from 0; a count that starts again at the same step is a second attempt of that pass
+    (its first was cut short by a crash; its changes stayed in the bank)."""
+    out: list[list[int]] = []
+    last = None
+    for m in merges:
+        if last is None or m["step"] != last["step"] or m["chunk"] <= last["chunk"]:
+            out.append([m["step"], 0])
+        out[-1][1] += 1
+        last = m
+    return [(step, chunks) for step, chunks in out]
+
+
+def applied_ops(changes: Sequence[dict[str, Any]], kind: str) -> int:
+    """The extractor's operations of ``kind`` that reached the bank, from its history."""
+    return sum(1 for c in changes if c.get("kind") == kind and c.get("actor", "extractor") == "extractor")
+
+
 def extractor_rows(r: RunResult) -> dict[str, Any]:
+    """The extractor's counts. From the journals where the run kept one (every attempt's work counted
+    once: merge calls and passes from ``merges.jsonl``, unusable answers from the failures file, applied
+    operations from ``changes.jsonl``); from the last metrics row otherwise (distillations, refinements,
+    Return operations, CISPO)."""
     updates = r.last_train("extractor/updates")
     signal = r.last_train("extractor/updates_with_signal")
     after = steps_after_warmup(r)
+    attempts = merge_attempts(r.merges)
     return {
         "run": r.slug,
         "cispo_steps": updates,
@@ -846,16 +880,26 @@ def extractor_rows(r: RunResult) -> dict[str, Any]:
         "mean_adv_abs": r.last_train("extractor/adv_abs_sum") / updates if updates else math.nan,
         "mean_clip_frac": r.last_train("extractor/clip_frac_sum") / updates if updates else math.nan,
         "distil": r.last_train("extractor/distil_calls"),
-        "merge": r.last_train("extractor/merge_calls"),
-        "merge_passes": r.last_train("extractor/merges"),
+        "merge": float(len(r.merges)),
+        "merge_passes": float(len({step for step, _ in attempts})),
+        "merge_attempts": float(len(attempts)),
         "merges_coalesced": r.last_train("extractor/merges_coalesced"),
         "refine": r.last_train("extractor/refine_calls"),
-        "parse_failures": r.last_train("extractor/parse_failures"),
-        "ops_add": r.last_train("extractor/ops_add"),
-        "ops_update": r.last_train("extractor/ops_update"),
+        "parse_failures": float(len(r.failures)),
+        "ops_add": float(applied_ops(r.changes, "add")),
+        "ops_update": float(applied_ops(r.changes, "update")),
         "ops_return": r.last_train("extractor/ops_return"),
-        "search_and_ask": r.last_train("experience/search_and_ask"),
+        **search_and_ask_use(r.episodes),
     }
+
+
+def search_and_ask_use(episodes: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Search-and-Ask calls per training episode and the share of episodes that asked at least once."""
+    n = len(episodes)
+    calls = sum(int(e.get("searches") or 0) for e in episodes)
+    asked = sum(1 for e in episodes if e.get("searches"))
+    return {"search_and_ask": float(calls), "asks_per_episode": calls / n if n else math.nan,
+            "episodes_asking": asked / n if n else math.nan}  # fmt: skip
 
 
 def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
@@ -867,9 +911,13 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
         "## 4. What the extractor did",
         "",
         "CISPO steps taken, and those with non-zero advantages; per actor step after warm-up (target ≥ 0.5); "
-        "mean |Â| and clip fraction over its steps; calls of each job, merge passes finished (and requests "
-        "dropped because a pass was still waiting), parse failures, operations, Search-and-Ask exchanges. "
-        "Buffer fill per step: `extractor/buffer` in the metrics (plotted).",
+        "mean |Â| and clip fraction over its steps; calls of each job; merge passes (attempts, where a crash "
+        "cut one short and the resumed run ran it again; requests dropped because a pass was still "
+        "waiting); unusable answers; operations applied; Search-and-Ask calls per training episode and the "
+        "share of episodes that asked. Merge calls, passes, unusable answers, add and update come from the "
+        "journals (`merges.jsonl`, `extractor_failures.jsonl`, `changes.jsonl`: every attempt's work, "
+        "once); distil, refine, return and CISPO from the last metrics row (a crash loses what its attempt "
+        "counted after its checkpoint). Buffer fill per step: `extractor/buffer` in the metrics (plotted).",
         "",
     ]
     lines.append(
@@ -883,13 +931,13 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
                 "clip frac",
                 "distil",
                 "merge",
-                "passes (coalesced)",
+                "passes (attempts; coalesced)",
                 "refine",
-                "parse failures",
+                "unusable answers",
                 "add",
                 "update",
                 "return",
-                "search&ask",
+                "search&ask per episode (share asking)",
             ],
             [
                 [
@@ -901,13 +949,14 @@ def extractor_section(runs: Sequence[RunResult], out: Path) -> str:
                     _fmt(x["mean_clip_frac"]),
                     _fmt(x["distil"], 0),
                     _fmt(x["merge"], 0),
-                    f"{_fmt(x['merge_passes'], 0)} ({_fmt(x['merges_coalesced'], 0)})",
+                    f"{_fmt(x['merge_passes'], 0)} ({_fmt(x['merge_attempts'], 0)}; "
+                    f"{_fmt(x['merges_coalesced'], 0)})",
                     _fmt(x["refine"], 0),
                     _fmt(x["parse_failures"], 0),
                     _fmt(x["ops_add"], 0),
                     _fmt(x["ops_update"], 0),
                     _fmt(x["ops_return"], 0),
-                    _fmt(x["search_and_ask"], 0),
+                    f"{_fmt(x['asks_per_episode'], 2)} ({_fmt(x['episodes_asking'], 2)})",
                 ]
                 for x in rows
             ],
@@ -959,6 +1008,16 @@ PHASES = (
 )
 
 
+def cumulative_total(values: Sequence[float]) -> float:
+    """The total of a counter that runs up over a run's rows and starts again from zero when an attempt
+    resumed without it: the sum of its rises, a fall counting from zero."""
+    total, before = 0.0, 0.0
+    for v in values:
+        total += v - before if v >= before else v
+        before = v
+    return total
+
+
 def cost_row(r: RunResult) -> dict[str, float]:
     row = {
         "steps": float(len(r.train)),
@@ -967,7 +1026,7 @@ def cost_row(r: RunResult) -> dict[str, float]:
     }
     for name, key, how in PHASES:
         values = r.train_series(key)[1]
-        row[name] = (sum(values) if how == "sum" else (values[-1] if values else 0.0)) if values else 0.0
+        row[name] = sum(values) if how == "sum" else cumulative_total(values)
     row["actor tokens"] = sum(r.train_series("rollout/generated_tokens")[1])
     row["extractor tokens"] = sum(
         r.last_train(f"extractor/{job}_tokens") for job in ("distil", "merge", "refine")

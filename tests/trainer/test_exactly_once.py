@@ -1,0 +1,139 @@
+"""Result files hold each step row, eval row and episode once across resumes; reports refuse files that do
+not, and count the extractor's work from its journals."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.test_experiments import write_fake_grid
+from trainer.config import get_preset
+from trainer.experiments.files import (
+    batch_sizes,
+    last_attempt,
+    last_batches,
+    read_lines,
+    repeated_rows,
+    write_lines,
+)
+from trainer.experiments.report import (
+    cumulative_total,
+    extractor_rows,
+    load_results,
+    merge_attempts,
+    search_and_ask_use,
+)
+from trainer.loop import sample_tasks
+from trainer.report import EpisodeLogReporter, JsonlReporter, Reporters
+from trainer.rollout.runner import Episode
+
+CFG = get_preset("cpu").with_overrides(seed=3, tasks_per_step=2, k_rollouts=4, steps=8, eval_every=4)
+
+
+def _episodes(step: int) -> list[Episode]:
+    success = step % 2 == 0
+    return [
+        Episode(spec, "", "", None, [], [], 0.0, success, False, [0], 0.0) for spec in sample_tasks(CFG, step)
+    ]
+
+
+def _attempt(reporters: Reporters, start: int, stop: int) -> None:
+    """The calls ``TrainingLoop.run`` makes from ``start`` until it dies after writing step ``stop``."""
+    reporters.on_start(CFG.steps, start)
+    if start == 1:
+        reporters.on_eval(0, {"eval/success": 0.0})
+    for step in range(start, stop + 1):
+        reporters.on_episode_batch(step, _episodes(step))
+        reporters.on_step(step, {"train/success": step / 10, "train/episodes": 8.0})
+        if step % CFG.eval_every == 0 or step == CFG.steps:
+            reporters.on_eval(step, {"eval/success": step / 10})
+
+
+def _files(folder):
+    return Reporters(JsonlReporter(folder / "metrics.jsonl"), EpisodeLogReporter(folder / "episodes.jsonl"))
+
+
+def _rows(folder) -> tuple[list, list]:
+    rows = read_lines(folder / "metrics.jsonl")
+    metrics = [(r["kind"], r["step"], r.get("train/success", r.get("eval/success"))) for r in rows]
+    episodes = [(e["step"], e["sample_seed"]) for e in read_lines(folder / "episodes.jsonl")]
+    return metrics, episodes
+
+
+def test_a_run_killed_between_checkpoints_and_resumed_writes_every_row_once(tmp_path):
+    """Checkpoints at steps 4 and 8: the first attempt dies after writing step 6, the second after the
+    untrained evaluation of a fresh start, then the run resumes from step 4's checkpoint."""
+    never, broken = tmp_path / "never", tmp_path / "broken"
+    _attempt(_files(never), 1, 8)
+    _attempt(_files(broken), 1, 0)  # died after eval 0, before step 1's checkpoint: starts over
+    _attempt(_files(broken), 1, 6)
+    _attempt(_files(broken), 5, 8)
+    assert _rows(broken) == _rows(never)
+    assert repeated_rows(broken) == []
+    assert len(read_lines(broken / "episodes.jsonl")) == 8 * 8
+
+
+def test_the_finishing_pass_of_a_run_that_died_after_its_last_step_replaces_that_steps_row(tmp_path):
+    log = JsonlReporter(tmp_path / "metrics.jsonl")
+    log.on_start(2, 1)
+    log.on_step(1, {"extractor/merges": 0.0})
+    log.on_step(2, {"extractor/merges": 1.0})
+    again = JsonlReporter(tmp_path / "metrics.jsonl")
+    again.on_start(2, 3)  # trainer.coevolution.work_left: all steps done, the extractor's work is not
+    again.on_step(2, {"extractor/merges": 2.0})
+    rows = read_lines(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["extractor/merges"]) for r in rows] == [(1, 0.0), (2, 2.0)]
+
+
+def test_two_attempts_of_one_step_written_back_to_back_keep_the_last():
+    rows = [{"kind": "eval", "step": 0, "v": "lost"}, {"kind": "eval", "step": 0, "v": 0}]
+    rows += [{"kind": "step", "step": 1, "v": 1, "train/episodes": 2}]
+    rows += [{"kind": "step", "step": 2, "v": "lost", "train/episodes": 2}]
+    rows += [{"kind": "step", "step": 2, "v": 2, "train/episodes": 2}]
+    kept = last_attempt(rows)
+    assert [(r["step"], r["v"]) for r in kept] == [(0, 0), (1, 1), (2, 2)]
+    episodes = [{"step": 1, "i": 0}, {"step": 1, "i": 1}] + [{"step": 2, "i": i} for i in range(4)]
+    assert [(e["step"], e["i"]) for e in last_batches(episodes, batch_sizes(kept))] == [
+        (1, 0),
+        (1, 1),
+        (2, 2),
+        (2, 3),
+    ]
+
+
+def test_a_report_refuses_a_run_folder_with_rows_of_two_attempts(tmp_path):
+    write_fake_grid(tmp_path)
+    folder = tmp_path / "runs" / "grpo-s1"
+    metrics = read_lines(folder / "metrics.jsonl")
+    write_lines(folder / "metrics.jsonl", metrics[:3] + metrics[2:])
+    with pytest.raises(
+        ValueError, match=r"grpo-s1 holds rows of more than one attempt \(metrics.jsonl: eval 4"
+    ):
+        load_results(tmp_path)
+
+
+def test_a_merge_pass_that_ran_twice_counts_as_two_attempts_of_one_pass_and_every_call():
+    merges = [{"step": 5, "chunk": c} for c in (0, 1, 2)] + [{"step": 5, "chunk": c} for c in range(4)]
+    merges += [{"step": 10, "chunk": 0}, {"step": 20, "chunk": 0}, {"step": 20, "chunk": 1}]
+    assert merge_attempts(merges) == [(5, 3), (5, 4), (10, 1), (20, 2)]
+
+
+def test_the_extractors_counts_come_from_its_journals(tmp_path):
+    write_fake_grid(tmp_path)
+    folder = tmp_path / "runs" / "complementary-s0"
+    merges = read_lines(folder / "merges.jsonl")
+    write_lines(folder / "merges.jsonl", merges + [m | {"id": 2} for m in merges])  # a second attempt
+    write_lines(folder / "extractor_failures.jsonl", [{"job": "distil"}] * 3)
+    run = next(r for r in load_results(tmp_path) if r.slug == "complementary-s0")
+    row = extractor_rows(run)
+    assert (row["merge"], row["merge_passes"], row["merge_attempts"]) == (2, 1, 2)
+    assert (row["parse_failures"], row["ops_add"]) == (3, 2)
+
+
+def test_a_cumulative_counter_that_restarted_at_a_resume_is_summed_over_both_attempts():
+    assert cumulative_total([1.0, 2.5, 4.0, 0.5, 1.5]) == pytest.approx(5.5)
+    assert cumulative_total([]) == 0.0
+
+
+def test_search_and_ask_use_is_calls_per_episode_and_the_share_that_asked():
+    use = search_and_ask_use([{"searches": 2}, {"searches": 0}, {"searches": 0}, {"searches": 1}])
+    assert use == {"search_and_ask": 3.0, "asks_per_episode": 0.75, "episodes_asking": 0.5}
