@@ -20,6 +20,7 @@ import asyncio
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,10 +86,11 @@ def _users(n: int) -> list[dict]:
     from api.tokens import token_create
 
     launch = Permission.objects.get(codename="launch_run", content_type__app_label="webapp")
+    edit_bank = Permission.objects.get(codename="edit_bank", content_type__app_label="experience")
     users = []
     for i in range(n):
         user = User.objects.create_user(f"load{i}", password="a long bench password")
-        user.user_permissions.add(launch)
+        user.user_permissions.add(launch, edit_bank)
         client = Client()
         client.force_login(user)
         _, secret = token_create(user, name="bench", scope="read-write")
@@ -149,6 +151,7 @@ class Load:
     def __init__(self, base: str, run_id: int, users: list[dict], sockets_per_user: int) -> None:
         self.base, self.run_id, self.users, self.sockets_per_user = base, run_id, users, sockets_per_user
         self.latency: dict[str, list[float]] = defaultdict(list)
+        self.by_path: dict[str, list[float]] = defaultdict(list)
         self.status: dict[str, Counter] = defaultdict(Counter)
         self.sockets = Counter()
         self.events = 0
@@ -163,6 +166,7 @@ class Load:
         except Exception as error:  # noqa: BLE001 - a failed request is a figure, not a crash
             self.status[kind][type(error).__name__] += 1
         self.latency[kind].append(time.monotonic() - started)
+        self.by_path[path].append(time.monotonic() - started)
 
     async def user(self, session, who: dict, until: float) -> None:
         rng = random.Random(who["name"])
@@ -359,6 +363,8 @@ def main() -> None:
         codes = ", ".join(f"{code}: {n}" for code, n in sorted(load.status[kind].items(), key=str))
         total = sum(load.status[kind].values())
         print(f"{kind:5s} {total} requests ({codes}); {_percentiles(load.latency[kind])}")
+    for path, values in sorted(load.by_path.items(), key=lambda item: -np.percentile(item[1], 95)):
+        print(f"  {path:32s} {len(values):5d} requests; {_percentiles(values)}")
     print(f"sockets: {dict(load.sockets)}; events received {load.events}")
     print(f"500s in the web server's log: {len(re.findall(r' 500 ', server_log))}; "
           f"tracebacks: {server_log.count('Traceback')}")  # fmt: skip
@@ -368,6 +374,8 @@ def main() -> None:
     print(f"connections to {DB_NAME} in all: peak {sampler.peak_total} (PostgreSQL allows 100)")
     if args.keep:
         print(f"logs: {logs}")
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 if __name__ == "__main__":

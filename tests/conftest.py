@@ -1,6 +1,6 @@
 """Shared fixtures: the real embedded services, a real Celery worker, logged-in users.
 
-Tests that touch the database get PostgreSQL + pgvector (pytest-django creates ``test_studio``);
+Tests that touch the database get PostgreSQL + pgvector (pytest-django creates ``test_studio_<pid>``);
 the embedded servers are started once per session, and stopped at the end if this session
 started them. Nothing here is mocked.
 """

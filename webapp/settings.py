@@ -118,8 +118,9 @@ else:
     }
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps connections; Django must hand them back each time
 DATABASES["default"].setdefault("OPTIONS", {}).update(dbpool.database_options())
-# STUDIO_TEST_DB: a test database of its own, for test sessions that run side by side.
-TEST_DB_NAME = os.environ.get("STUDIO_TEST_DB", "test_" + embedded.DB_NAME)
+# Each test session gets a test database of its own (named after its process), so sessions can run side by
+# side; STUDIO_TEST_DB names one instead.
+TEST_DB_NAME = os.environ.get("STUDIO_TEST_DB") or f"test_{embedded.DB_NAME}_{os.getpid()}"
 DATABASES["default"].setdefault("TEST", {})["NAME"] = TEST_DB_NAME
 DATABASES["default"]["ENGINE"] = "django_prometheus.db.backends.postgresql"  # Django's, with counted queries
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -196,6 +197,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 STUDIO_WORKER_CONCURRENCY = int(os.environ.get("STUDIO_WORKER_CONCURRENCY", "2"))
 """Runs the training worker of ``manage.py up`` trains at once (queue ``training``), each in a process."""
+STUDIO_TRAINING_NICE = int(os.environ.get("STUDIO_TRAINING_NICE", "10"))
+"""How much lower than its worker's the CPU priority of a training process is (``nice``; 0: the same)."""
 STUDIO_LIGHT_WORKER_CONCURRENCY = int(os.environ.get("STUDIO_LIGHT_WORKER_CONCURRENCY", "2"))
 """Light tasks (queue ``default``) the second worker of ``manage.py up`` runs at once, beside the runs."""
 

@@ -103,3 +103,18 @@ def test_an_import_starts_within_30_s_while_two_runs_hold_both_training_slots(
     assert running.count() == 2  # both training slots were busy all along
     assert result.get(timeout=180) == ImportJob.Status.SUCCEEDED
     assert bank.experiences.count() == 3
+
+
+def test_a_training_process_runs_at_a_lower_cpu_priority_than_its_worker(settings):
+    """Pages and light work get the cores first on a machine that also trains (``STUDIO_TRAINING_NICE``)."""
+    import os
+    import subprocess
+
+    from webapp.supervisor import _die_with_parent
+
+    settings.STUDIO_TRAINING_NICE = 7
+    child = subprocess.run(  # noqa: PLW1509 - the supervisor's own preexec function, as it starts a run
+        [sys.executable, "-c", "import os; print(os.nice(0))"],
+        preexec_fn=_die_with_parent, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert int(child.stdout) == min(os.nice(0) + 7, 19)
