@@ -1,0 +1,91 @@
+"""What the run pages say about a run beyond its fields: how it ended and what is left of it, which of its
+settings its method reads, and why the inspector has nothing to show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django import template
+
+from trainer.checkpoint import find_checkpoint
+from webapp.charts import flatten
+from webapp.models import EpisodeRecord, Run
+
+register = template.Library()
+
+ABLATIONS = (
+    "no_split", "cross_group", "no_merge", "no_search_and_ask", "no_diversification", "no_reweighting",
+)  # fmt: skip
+EXTRACTOR_TRAINING = (
+    "extractor.lr", "extractor.alpha", "extractor.delta", "extractor.eps_low", "extractor.eps_high",
+    "extractor.grad_clip", "extractor.gradient_checkpointing", "extractor.micro_batch_size",
+    "extractor.policy_loss", "extractor.buffer_size", "extractor.lora.", "no_reweighting",
+)  # fmt: skip
+ACTOR_TRAINING = (
+    "actor.lr", "actor.clip_eps", "actor.grad_clip", "actor.policy_loss", "actor.advantage",
+    "actor.aggregation", "actor.micro_batch_size", "actor.gradient_checkpointing",
+    "actor.recompute_old_logprobs", "actor.lora.", "cross_group",
+)  # fmt: skip
+UNUSED_BY_METHOD = {
+    "grpo": (
+        ("extractor.", "experience.", *ABLATIONS),
+        "grpo never retrieves experience or runs the extractor",
+    ),
+    "static_online": (EXTRACTOR_TRAINING, "static_online keeps the extractor frozen (it never trains)"),
+    "exp_only": (ACTOR_TRAINING, "exp_only keeps the actor frozen (it never trains)"),
+}
+
+
+@register.filter
+def used_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's dotted rows that its method reads, and how many were left out and why: a grpo run's
+    page need not list thirty extractor settings it never touches."""
+    rows = sorted(flatten(config or {}).items())
+    unused, why = UNUSED_BY_METHOD.get(str((config or {}).get("method", "")), ((), ""))
+    kept = [(k, v) for k, v in rows if not k.startswith(unused)]
+    return {"rows": kept, "hidden": len(rows) - len(kept), "why": why}
+
+
+def checkpoint_step(run: Run) -> int | None:
+    """The step of the checkpoint "Resume from checkpoint" would continue from (None: there is none)."""
+    source = run.checkpoint_source
+    if not source:
+        return None
+    try:
+        name = find_checkpoint(Path(source)).name
+    except FileNotFoundError:
+        return None
+    digits = name.rpartition("-")[2]
+    return int(digits) if digits.isdigit() else None
+
+
+@register.simple_tag
+def run_outcome(run: Run) -> dict[str, Any]:
+    """For a cancelled or failed run: what it kept (steps, episodes, bank entries, its last checkpoint) so
+    the page can say how to go on. Empty for other states."""
+    if run.status not in (Run.Status.CANCELLED, Run.Status.FAILED):
+        return {}
+    from experience.models import Experience
+
+    return {
+        "steps": run.step,
+        "episodes": EpisodeRecord.objects.filter(run=run).count(),
+        "entries": Experience.objects.filter(run=run).live().count(),
+        "checkpoint_step": checkpoint_step(run),
+        "checkpoint_every": (run.config or {}).get("checkpoint_every"),
+    }
+
+
+@register.simple_tag
+def no_episodes_reason(run: Run) -> str:
+    """Why the inspector has no episode of this run, in its state's words."""
+    if run.status == Run.Status.QUEUED:
+        return "This run is queued: its episodes appear here once a worker has trained its first step."
+    if run.status == Run.Status.RUNNING:
+        return (
+            "No step has finished yet: a step's episodes appear here when its rollouts are scored "
+            "(the evaluation before step 1 comes first; it can take minutes)."
+        )
+    ended = {"cancelled": "was cancelled", "failed": "failed", "succeeded": "ended"}.get(run.status, "ended")
+    return f"This run {ended} before any training step finished, so no episode was recorded."
