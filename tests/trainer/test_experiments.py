@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from trainer.config import ConfigError, get_preset
-from trainer.experiments.bank import BankReplay, entry_quality, sizes_after
+from trainer.experiments.bank import BankReplay, agreement, entry_quality, sizes_after
 from trainer.experiments.files import last_attempt, read_lines, write_lines
 from trainer.experiments.report import (
     EXTRACTED,
@@ -572,3 +572,32 @@ def test_a_report_without_experience_still_has_every_section_saying_why_it_is_em
 )
 def test_a_slot_pairs_on_env_and_instance_and_on_the_sampling_seed_where_both_logs_record_it(theirs, paired):
     assert same_draw({"env": "Room", "seed": 5, "sample_seed": 11}, theirs) is paired
+
+
+def test_the_rule_is_scored_against_hand_labels_and_a_label_whose_text_changed_is_stale():
+    bank = {
+        1: ("Go southeast", "walk toward the staircase >"),
+        2: ("Door", "the door of the map"),
+        3: ("x", "y"),
+    }
+    labels = [
+        {"run": "c-s0", "entry": 1, "label": "useful", "title": "Go southeast", "content": bank[1][1]},
+        {"run": "c-s0", "entry": 2, "label": "noise", "title": "Door", "content": bank[2][1]},
+        {"run": "c-s0", "entry": 3, "label": "useful", "title": "x", "content": "y"},
+        {"run": "c-s0", "entry": 4, "label": "noise", "title": "gone", "content": "merged away"},
+    ]
+    a = agreement(labels, {"c-s0": bank})
+    assert (a.labelled, a.useful, a.marked, a.marked_useful) == (3, 2, 2, 1)
+    assert (a.precision, a.recall, a.stale) == (0.5, 0.5, ["c-s0:4"])
+
+
+def test_the_report_puts_the_labelled_share_beside_the_rules_precision(tmp_path):
+    write_fake_grid(tmp_path)
+    write_lines(
+        tmp_path / "labels.jsonl",
+        [{"run": "complementary-s0", "entry": 1, "label": "noise", "title": "Go southeast to >",
+          "content": "move southeast toward the staircase", "reason": "test"}],
+    )  # fmt: skip
+    md = (build_report(tmp_path) / "report.md").read_text()
+    assert "0 of 1 entries drawn from the final banks are useful" in md
+    assert "the mechanical rule marks 1 good, 0 of them useful: precision 0.000, recall –" in md

@@ -173,3 +173,51 @@ def shares(bank: Bank) -> dict[str, float]:
         "entries": len(marks),
         **{k: sum(m[k] for m in marks) / n for k in ("action", "object", "duplicate", "good")},
     }
+
+
+# ---- hand labels --------------------------------------------------------------------------------------
+
+LABELS_FILE = "labels.jsonl"
+"""Entries of an experiment's final banks labelled by hand (useful / noise, one-line reason each); the
+labelling rule is in ``docs/experiments/README.md``."""
+
+
+@dataclass
+class Agreement:
+    """The mechanical rule against the hand labels: how many labelled entries, how many useful, how many
+    the rule marks good, how many of those are useful; entries whose text no longer matches the bank."""
+
+    labelled: int = 0
+    useful: int = 0
+    marked: int = 0
+    marked_useful: int = 0
+    stale: list[str] | None = None
+
+    @property
+    def precision(self) -> float:
+        return self.marked_useful / self.marked if self.marked else float("nan")
+
+    @property
+    def recall(self) -> float:
+        return self.marked_useful / self.useful if self.useful else float("nan")
+
+
+def agreement(labels: Sequence[dict[str, Any]], finals: Mapping[str, Bank]) -> Agreement:
+    """Score the rule's marks on the final banks (``finals``: run slug → bank) against the labels. A label
+    whose entry is not in its run's final bank with the labelled title and content is listed as stale and
+    not counted (the labels then need redoing)."""
+    out = Agreement(stale=[])
+    marks = {slug: bank_marks(bank) for slug, bank in finals.items()}
+    for label in labels:
+        bank = finals.get(label["run"], {})
+        entry = int(label["entry"])
+        if bank.get(entry) != (label["title"], label["content"]):
+            out.stale.append(f"{label['run']}:{entry}")
+            continue
+        useful = label["label"] == "useful"
+        good = marks[label["run"]][entry]["good"]
+        out.labelled += 1
+        out.useful += useful
+        out.marked += good
+        out.marked_useful += good and useful
+    return out

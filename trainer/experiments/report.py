@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import METHODS
-from trainer.experiments.bank import BankReplay, shares
+from trainer.experiments.bank import LABELS_FILE, BankReplay, agreement, shares
 from trainer.experiments.files import FAILURES_FILE, read_lines, repeated_rows
 from trainer.experiments.stats import (
     Interval,
@@ -767,28 +767,50 @@ def bank_quality(r: RunResult) -> list[dict[str, float]]:
     return [{"step": step, **shares(bank)} for step, bank in sorted(banks.items())]
 
 
-def quality_section(runs: Sequence[RunResult], out: Path) -> str:
+def label_lines(labels: Sequence[dict[str, Any]], finals: dict[str, Any]) -> list[str]:
+    """The hand labels' verdict on the final banks, and the rule's precision and recall against them."""
+    if not labels:
+        return [
+            f"No entry of this experiment was labelled by hand (`{LABELS_FILE}`): the rule's shares above "
+            "are not validated and say nothing about quality."
+        ]
+    a = agreement(labels, finals)
+    share = wilson_interval(a.useful, a.labelled)
+    lines = [
+        f"**Hand labels** (`{LABELS_FILE}`, rule in `docs/experiments/README.md`): {a.useful} of "
+        f"{a.labelled} entries drawn from the final banks are useful (share {_fmt(share.mean)}, Wilson 95% "
+        f"[{_fmt(share.low)}, {_fmt(share.high)}]). Against them the mechanical rule marks {a.marked} good, "
+        f"{a.marked_useful} of them useful: precision {_fmt(a.precision)}, recall {_fmt(a.recall)}. The "
+        "rule's share is therefore not a measure of quality; the labelled share is.",
+    ]
+    if a.stale:
+        lines += ["", f"**STALE LABELS**: not in the final bank as labelled: {', '.join(a.stale)}."]
+    return lines
+
+
+def quality_section(runs: Sequence[RunResult], out: Path, labels: Sequence[dict[str, Any]] = ()) -> str:
     rs = [r for r in runs if r.changes]
     if not rs:
         return "### Bank quality (mechanical rule)\n\nNo bank entry was written.\n"
     lines = [
-        "### The bank as it was, and its quality by the mechanical rule",
+        "### The bank as it was, and its quality (hand labels; the mechanical rule beside them)",
         "",
         "Each run's bank rebuilt from `changes.jsonl` in the order the changes were applied (their ids), "
         "checked against the `bank/size` the run recorded at every step: a step matches when the rebuilt "
         "bank passes through the recorded size after the previous step's point and before any change "
-        "stamped with a later step. An entry is marked *good* by the rule if it names an action or a "
-        "symbol/object of the environment (word lists in `trainer/experiments/bank.py`) and is not a "
-        "duplicate (token Jaccard ≥ 0.8 with an entry of lower id). Shares over the final bank (every "
-        "change applied):",
+        "stamped with a later step. An entry is marked *good* by the mechanical rule if it names an action "
+        "or a symbol/object of the environment (word lists in `trainer/experiments/bank.py`) and is not a "
+        "duplicate (token Jaccard ≥ 0.8 with an entry of lower id): a screen, validated below against "
+        "hand labels. Shares over the final bank (every change applied):",
         "",
     ]
-    rows, warnings = [], []
+    rows, warnings, finals = [], [], {}
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for r in rs:
         replay = bank_replay(r)
         banks, final = replay.banks()
+        finals[r.slug] = final
         q = shares(final)
         last = max(replay.recorded, default=None)
         checked = f"{replay.checked - len(replay.mismatched)} / {replay.checked}" if replay.checked else "–"
@@ -828,6 +850,7 @@ def quality_section(runs: Sequence[RunResult], out: Path) -> str:
     )
     if warnings:
         lines += ["", *warnings]
+    lines += ["", *label_lines(labels, finals)]
     _step_axis(ax)
     ax.set_ylabel("share marked good by the rule")
     ax.set_ylim(-0.05, 1.05)
@@ -1072,7 +1095,7 @@ def build_report(folder: Path, out_dir: Path | None = None) -> Path:
         usefulness_section(runs),
         same_slot_section(runs),
         merge_section(runs),
-        quality_section(runs, out),
+        quality_section(runs, out, read_lines(folder / LABELS_FILE)),
     ]
     parts = [
         f"# Experiment {folder.name}",
