@@ -32,6 +32,7 @@ from typing import Any
 
 from trainer.config import METHODS
 from trainer.experiments.bank import LABELS_FILE, BankReplay, agreement, shares
+from trainer.experiments.conditions import GAP_S, conditions, hours, mixed, time_account
 from trainer.experiments.files import FAILURES_FILE, read_lines, repeated_rows
 from trainer.experiments.stats import (
     Interval,
@@ -1064,17 +1065,102 @@ def cost_section(runs: Sequence[RunResult]) -> tuple[str, list[dict[str, Any]]]:
         costs = [cost_row(r) for r in rs]
         rows.append([arm, len(rs)] + [_fmt(sum(c[k] for c in costs) / len(costs), 0) for k in cols])
         summary += [{"run": r.slug, **c} for r, c in zip(rs, costs, strict=True)]
+    caveats = [
+        f"- {arm}: CPU {note}: its mean {'mixes' if 'different' in note else 'may mix'} machines of "
+        "different speed."
+        for arm, rs in by_arm(runs).items()
+        if (note := mixed([conditions(r.cell)["cpu"] for r in rs]))
+    ]
     lines = [
         "## 5. Cost",
         "",
-        "Per run, mean over seeds: seconds summed over the run (the extractor's phases run on a background "
-        "thread beside the actor's, on the same cores) and generated tokens. The paper reports no extractor "
-        "cost.",
+        "Per run, mean over seeds: seconds the run spent in each phase, summed over its rows (step time and "
+        "evaluation are the actor loop's own times: what it cost, with no interruption or restart in it; "
+        "the extractor's phases run on a background thread beside the actor's, on the same cores) and "
+        "generated tokens. Wall time is not a cost here: see Conditions and time. CPU seconds were not "
+        "recorded. The paper reports no extractor cost.",
         "",
         _table(["arm", "seeds"] + cols, rows),
         "",
-    ]
+        *(["Where the cells of an arm ran on different CPUs (Conditions and time):", "", *caveats, ""]
+          if caveats else []),
+        _table(
+            ["run", "CPU", "step time + evaluation", "actor tokens", "extractor tokens"],
+            [
+                [r.slug, conditions(r.cell)["cpu"], hours(c["step time"] + c["evaluation"]),
+                 _fmt(c["actor tokens"], 0), _fmt(c["extractor tokens"], 0)]
+                for r, c in ((r, cost_row(r)) for r in runs)
+            ],
+        ),
+        "",
+    ]  # fmt: skip
     return "\n".join(lines), summary
+
+
+# ---- conditions ---------------------------------------------------------------------------------------
+
+
+def conditions_section(runs: Sequence[RunResult]) -> str:
+    """Per cell, what it ran under and where its wall time went; a flag for each arm whose cells differ."""
+    rows, flags = [], []
+    for r in runs:
+        c = conditions(r.cell)
+        t = time_account(list(r.train.values()) + list(r.evals.values()), r.cell)
+        attempts = merge_attempts(r.merges)
+        twice = len(attempts) - len({step for step, _ in attempts})
+        pauses = ", ".join(f"{hours(g)} before {where}" for where, g in t["interruptions"]) or "none"
+        rows.append(
+            [r.slug, c["commit"], c["cpu"], c["native bf16"], c["torch"], c["vllm"], hours(t["wall"]),
+             hours(t["trained"]), hours(t["tail"]), pauses, f"{twice}" if twice else "–", hours(t["other"])]
+        )  # fmt: skip
+    for arm, rs in by_arm(runs).items():
+        for key in ("commit", "cpu"):
+            if note := mixed([conditions(r.cell)[key] for r in rs]):
+                flags.append(f"- **MIXED CONDITIONS** {arm}: {key}: {note}.")
+    grid = [mixed([conditions(r.cell)[key] for r in runs]) for key in ("commit", "cpu")]
+    lines = [
+        "## Conditions and time",
+        "",
+        "What each cell ran under (`cell.json`: the commit, the processor's vector ISA and native bf16 where "
+        "recorded; threads were not recorded), and where its wall time went: *trained* = the steps' and "
+        "evaluations' own seconds (what section 5 compares); *after the last eval* = until the last row, "
+        "the extractor's queued work finishing (an interruption during it is inside); *interruptions* = "
+        f"pauses between rows longer than {GAP_S / 60:.0f} min beyond the later row's own time (restarts, "
+        "stopped machines); *passes run twice* = merge passes a crash cut short and the resumed run ran "
+        "again (`merges.jsonl`); *other* = wall time left (start-up, time before the first row kept, short "
+        "waits).",
+        "",
+        _table(
+            [
+                "run",
+                "commit",
+                "CPU",
+                "native bf16",
+                "torch",
+                "vLLM",
+                "wall",
+                "trained",
+                "after the last eval",
+                "interruptions",
+                "passes run twice",
+                "other",
+            ],
+            rows,
+        ),  # fmt: skip
+        "",
+    ]
+    if flags:
+        lines += [
+            "Cells of one arm that ran under different code or hardware (their differences mix the method's "
+            "effect with the conditions'; timings across CPU kinds do not compare):",
+            "",
+            *flags,
+            "",
+        ]
+    else:
+        lines += ["Every arm's cells ran under one commit and one recorded CPU kind.", ""]
+    lines += [f"Over the whole grid: commit {grid[0] or 'one'}; CPU {grid[1] or 'one kind'}.", ""]
+    return "\n".join(lines)
 
 
 # ---- assembly -----------------------------------------------------------------------------------------
@@ -1117,6 +1203,7 @@ def build_report(folder: Path, out_dir: Path | None = None) -> Path:
             ],
         ),
         "",
+        conditions_section(runs),
         eval_md,
         table1_section(runs),
         "## 3. What the experience did",
