@@ -19,19 +19,26 @@ weights on token sums, so micro-batches and segments add up to exactly the full-
 - seq-mean-token-mean: L = Σ_e w_e · (1/n_e) Σ_{t∈e} l_t, with w_e = ``subgroup_weights`` (½ Σ_c mean_c);
 - seq-mean-token-sum:  L = Σ_e w_e Σ_{t∈e} l_t;
 - token-mean:          L = (1/N) Σ_t l_t over all trained tokens of the batch.
+
+**Many ranks** (``trainer.parallel``): every rank receives the whole batch, so these weights are global,
+and trains on its share of the rows; the ranks' losses add up to the full-batch loss and FSDP sums their
+gradients. A rank left without a row for a micro-batch runs one weighted 0, so collectives stay matched.
+Batches go to the model's device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from trainer import losses
+from trainer import losses, parallel
 from trainer.cancel import CancelToken
 from trainer.config import ActorConfig
+from trainer.lora import served_state_dict
 from trainer.rollout.base import Engine, sequence_logprobs
 from trainer.rollout.runner import Episode, Segment
 
@@ -52,11 +59,11 @@ class _Row:
     weight: float
 
 
-def _pad(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> torch.Tensor:
+def _pad(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     B, T = len(rows), max(len(r) for r in rows)
-    out = torch.zeros(B, T, dtype=dtype)
+    out = torch.zeros(B, T, dtype=torch.float32, device=device)
     for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(r, dtype=dtype)
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32, device=device)
     return out
 
 
@@ -104,6 +111,7 @@ class ActorUpdate:
         """``estimator``: the run's advantage estimator (``RunConfig.advantage_estimator``).
         ``max_engine_diff``: mean |engine - trainer| log-prob above which the engine is declared stale."""
         self.model = model
+        self.device = parallel.model_device(model)
         self.cfg = cfg
         self.estimator = estimator
         self.max_engine_diff = max_engine_diff
@@ -111,7 +119,12 @@ class ActorUpdate:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.cancel = CancelToken()
         """Checked between micro-batches; the loop hands it its own token."""
-        if cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        # a sharded model got its checkpointing from ``parallel.parallelize``
+        if (
+            cfg.gradient_checkpointing
+            and hasattr(model, "gradient_checkpointing_enable")
+            and not parallel.is_sharded(model)
+        ):
             model.gradient_checkpointing_enable()
 
     def step(self, episodes: Sequence[Episode]) -> Metrics:
@@ -122,9 +135,10 @@ class ActorUpdate:
         # linear in A): skip its forward and backward. A step with no signal at all takes no optimiser step.
         rows = sorted((r for r in every if r.adv != 0.0), key=lambda r: r.segment.num_ids)  # less padding
         metrics["actor/skipped_rows"] = float(len(every) - len(rows))
-        mbs = [
-            rows[i : i + self.cfg.micro_batch_size] for i in range(0, len(rows), self.cfg.micro_batch_size)
-        ]
+        mbs = parallel.rank_micro_batches(rows, self.cfg.micro_batch_size)
+        # a rank with nothing left still joins the sharded forward and backward: one row, weighted 0
+        fillers = [not mb for mb in mbs]
+        mbs = [mb or [dataclasses.replace(rows[0], weight=0.0)] for mb in mbs]
 
         t0 = time.perf_counter()
         # one optimiser step per batch: π_old is π_θ, so the training forward's own log-probs (detached) are
@@ -141,11 +155,11 @@ class ActorUpdate:
         old: list[torch.Tensor] = []
         for i, mb in enumerate(mbs):
             self.cancel.check()
-            logp = _pad(self._logp(mb), torch.float32)  # (B, T) over response ids
+            logp = _pad(self._logp(mb), self.device)  # (B, T) over response ids
             old.append(recomputed[i] if recomputed is not None else logp.detach())
-            mask = _pad([r.segment.mask for r in mb], torch.float32)
-            mb_adv = torch.tensor([r.adv for r in mb])
-            mb_w = torch.tensor([r.weight for r in mb])
+            mask = _pad([r.segment.mask for r in mb], self.device)
+            mb_adv = torch.tensor([r.adv for r in mb], device=self.device)
+            mb_w = torch.tensor([r.weight for r in mb], device=self.device)
             # weights already carry the aggregation (see module docstring): sum tokens, weight rows
             loss, m = self.policy_loss(
                 logp,
@@ -158,6 +172,8 @@ class ActorUpdate:
                 seq_weights=mb_w,
             )
             loss.backward()
+            if fillers[i]:
+                continue
             k = int(mask.sum())
             total_loss += loss.item()
             n_tok += k
@@ -165,8 +181,15 @@ class ActorUpdate:
                 sums[name] += m[name] * k
         # the stale-engine check runs every step, before the weights change: on one skipped row when no
         # row has signal
-        checked = (mbs, old) if mbs or not every else ([every[:1]], [self._old_logp(every[:1])])
+        real = [i for i, filler in enumerate(fillers) if not filler]
+        checked = (
+            ([mbs[i] for i in real], [old[i] for i in real])
+            if mbs or not every
+            else ([every[:1]], [self._old_logp(every[:1])])
+        )
         metrics |= self._engine_mismatch(*checked)
+        total_loss, n_tok, *summed = parallel.all_sum([total_loss, n_tok, *sums.values()], self.device)
+        sums = dict(zip(sums, summed, strict=True))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if rows:
             self.optimizer.step()
@@ -176,49 +199,53 @@ class ActorUpdate:
             "actor/loss": total_loss,
             "actor/clip_frac": sums["clip_frac"] / max(n_tok, 1),
             "actor/approx_kl": sums["approx_kl"] / max(n_tok, 1),
-            "actor/grad_norm": float(grad_norm),
+            "actor/grad_norm": float(parallel.full_tensor(grad_norm)),
             "actor/tokens": float(n_tok),
-            "actor/sequences": float(len(rows)),
+            "actor/sequences": float(len(rows)),  # the whole batch's, on every rank
         }
         return metrics
 
     def sync(self, engine: Engine, version: int) -> float:
         """Push the actor's weights to ``engine`` stamped ``version``; returns the seconds it took."""
         t0 = time.perf_counter()
-        engine.update_weights(self.model.state_dict(), version)
+        engine.update_weights(served_state_dict(self.model), version)  # LoRA: the merged weights
         return time.perf_counter() - t0
 
     # ---- pieces ------------------------------------------------------------------------------
 
     def _logp(self, mb: Sequence[_Row]) -> list[torch.Tensor]:
         segs = [r.segment for r in mb]
-        return sequence_logprobs(
-            self.model,
-            [s.prompt_ids for s in segs],
-            [s.response_ids for s in segs],
-            batch_size=len(segs),
-            masks=[s.mask for s in segs],
-        )
+        with parallel.autocast(self.model):
+            return sequence_logprobs(
+                self.model,
+                [s.prompt_ids for s in segs],
+                [s.response_ids for s in segs],
+                batch_size=len(segs),
+                masks=[s.mask for s in segs],
+            )
 
     @torch.no_grad()
     def _old_logp(self, mb: Sequence[_Row]) -> torch.Tensor:
         self.model.eval()
-        return _pad(self._logp(mb), torch.float32)
+        return _pad(self._logp(mb), self.device)
 
     def _engine_mismatch(self, mbs: list[list[_Row]], old: list[torch.Tensor]) -> Metrics:
-        diffs = []
+        diffs = [torch.zeros(0)]
         for mb, mb_old in zip(mbs, old, strict=True):
             for i, r in enumerate(mb):
                 m = torch.tensor(r.segment.mask, dtype=torch.bool)
                 engine = torch.tensor(r.segment.engine_logprobs)[m]
-                diffs.append((engine - mb_old[i, : len(m)][m]).abs())
-        if not diffs:
-            return {}
+                diffs.append((engine - mb_old[i, : len(m)].cpu()[m]).abs())
         diff = torch.cat(diffs)
-        mean = float(diff.mean())
+        # every rank judges the whole batch, so all raise or none does
+        total, count = parallel.all_sum([float(diff.sum()), diff.numel()], self.device)
+        top = parallel.all_max(float(diff.max()) if diff.numel() else 0.0, self.device)
+        if not count:
+            return {}
+        mean = total / count
         if mean > self.max_engine_diff:
             raise StaleWeightsError(
                 f"rollout engine log-probs differ from the trainer's by {mean:.3f} per token on average "
                 f"(limit {self.max_engine_diff}): the engine is not serving the actor's weights"
             )
-        return {"actor/engine_logp_diff": mean, "actor/engine_logp_diff_max": float(diff.max())}
+        return {"actor/engine_logp_diff": mean, "actor/engine_logp_diff_max": top}

@@ -9,6 +9,10 @@ Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
     extractor/      methods that train πϕ: its model folder, version.json, state.pt (AdamW state and the
                     credit buffer), written by ``trainer.coevolution``
 
+A model sharded over several ranks (``trainer.parallel``) saves its weights and optimiser state with
+``torch.distributed.checkpoint`` instead (``save_sharded``: a ``dcp/`` folder beside the others, one file
+per rank plus DCP's metadata), loadable into any number of ranks (``load_sharded``).
+
 A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a half
 checkpoint that looks complete. Resuming requires the same config as the checkpoint's; only ``steps``
 (where to stop) may differ, so a finished run can be extended.
@@ -37,8 +41,10 @@ RESUMABLE_DIFFERENCES = (
     "checkpoint_keep",
     "checkpoint_minutes",
     "tracking.tensorboard",
+    "device",
 )
-"""Config keys a resumed run may change: where it stops, when it evaluates and checkpoints, what it logs."""
+"""Config keys a resumed run may change: where it stops, when it evaluates and checkpoints, what it logs,
+and what it runs on (a run saved on a GPU may go on on the CPU)."""
 
 
 @dataclass(frozen=True)
@@ -188,3 +194,33 @@ def load_checkpoint(
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
+
+
+# ---- sharded models (torch.distributed.checkpoint) -------------------------------------------------
+
+SHARDED_DIR = "dcp"
+"""The DCP folder inside a checkpoint of a sharded run."""
+
+
+def save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Path:
+    """Save weights and optimiser state with DCP, each rank its own shards (every rank calls it). Works
+    unsharded in one process too. Returns ``folder``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(folder))
+    return Path(folder)
+
+
+def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a ``save_sharded`` folder into ``model`` and ``optimizer`` in place, resharding to however
+    many ranks run now (every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # DCP loads in place into tensors of the right shapes and shardings: this process's own state dicts
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import tomllib
 import types
 import typing
@@ -27,6 +28,8 @@ METHODS = ("grpo", "static_online", "exp_only", "complementary")
 ENGINES = ("vllm", "hf")
 DTYPES = ("native", "auto", "bfloat16", "float16", "float32")
 SCOPES = ("task", "shared")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+"""``RunConfig.device``: auto, cpu, cuda or cuda:N."""
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 MAX_NEW_TOKENS = 32_768
 MAX_ROLLOUTS_PER_STEP = 16_384
@@ -426,6 +429,13 @@ class RunConfig(_Section):
     """Rollouts per task instance, K: K/2 experience-guided and K/2 experience-free [8]."""
     seed: int = 0
     """Seed for task sampling, sampling and initialisation."""
+    device: str = "auto"
+    """Where the trainers' models, optimiser state and batches live: auto (CUDA when present, else the
+    CPU), cpu, cuda or cuda:N. On CUDA they compute in bfloat16 over float32 weights and optimiser state;
+    on the CPU in float32. Under torchrun each rank takes the GPU of its LOCAL_RANK (``trainer.parallel``)."""
+    nproc: int = 1
+    """Training processes, one per device, launched by torchrun: the actor and the extractor are sharded
+    over them with FSDP2 and each drives its share of the rollouts (``trainer.parallel``)."""
     eval_every: int = 10
     """Evaluate every this many steps (0: only at the end)."""
     eval_episodes: int = 32
@@ -479,6 +489,12 @@ class RunConfig(_Section):
                 f"(got {self.k_rollouts})",
             )
         _at_least("seed", self.seed, 0)
+        _require(
+            DEVICE_PATTERN.fullmatch(self.device) is not None,
+            f"device must be auto, cpu, cuda or cuda:N with N a GPU number (got {self.device!r})",
+        )
+        _at_least("nproc", self.nproc, 1)
+        _at_most("nproc", self.nproc, 1024)
         _at_least("eval_every", self.eval_every, 0)
         _at_least("eval_episodes", self.eval_episodes, 1)
         _at_most("eval_episodes", self.eval_episodes, 100_000)

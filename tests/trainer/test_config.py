@@ -106,6 +106,8 @@ def test_configs_are_frozen():
         ({"rollout.turn_limit": 0}, "rollout.turn_limit must be at least 1 (got 0)"),
         ({"rollout.max_new_tokens": 4096, "rollout.context_tokens": 1024}, "to leave room for the prompt"),
         ({"rollout.dtype": "int8"}, "rollout.dtype must be one of auto, bfloat16, float16, float32, native"),
+        ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N with N a GPU number (got 'gpu')"),
+        ({"device": "cuda:x"}, "device must be auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_it_refuses_bad_values_with_a_message_naming_the_key(overrides, message):
@@ -315,3 +317,10 @@ def test_the_shipped_config_files_load_and_name_a_registered_env(path):
 def test_values_that_cannot_run_are_refused_up_front(overrides, message):
     with pytest.raises(ConfigError, match=message):
         get_preset("cpu").with_overrides(**overrides)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:3"])
+def test_device_is_auto_by_default_and_round_trips(device):
+    assert RunConfig().device == "auto"
+    cfg = RunConfig().with_overrides(device=device)
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg and cfg.device == device

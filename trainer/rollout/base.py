@@ -307,7 +307,17 @@ def _logits_at(model, input_ids, attention_mask, rows, cols) -> torch.Tensor:
     """The model's logits at positions (rows[i], cols[i]): the decoder once, the output head only there.
 
     Models that post-process logits (soft-capping, scaling) go through their own full forward instead.
+    A model sharded with FSDP2 must run its root's forward (which gathers the embedding, final norm and
+    head), so it keeps only the wanted columns through ``logits_to_keep``: the head then runs at the union
+    of those positions in every row.
     """
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        keep, where = torch.unique(cols, return_inverse=True)  # (U,), (N,) index into keep
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+        return logits[rows, where]  # (B, U, V) -> (N, V)
     head = model.get_output_embeddings()
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     post = any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))

@@ -1,0 +1,172 @@
+"""One rank of the parity and resume tests (``test_parallel.py``): run as ``python dist_worker.py`` (one
+process, unsharded) or ``torchrun --nproc-per-node 2 dist_worker.py`` (two ranks, FSDP2 over gloo).
+
+A small random-initialised Llama (tied embeddings, like SmolLM2) built from a config, float32, seed 0.
+``steps OUT``: one actor split-GRPO step and one extractor CISPO step, recording the loss, the gathered
+gradients (after clipping, as the optimiser sees them) and the weights; then the actor saves a DCP
+checkpoint and steps again (the uninterrupted second step). ``resume OUT``: new processes load that
+checkpoint and take the second step. Rank 0 writes ``OUT/<name>.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trainer import parallel
+from trainer.actor import ActorUpdate
+from trainer.checkpoint import load_sharded, save_sharded
+from trainer.config import ActorConfig, ExtractorConfig
+from trainer.extractor.credit import Batch, Record
+from trainer.extractor.update import ExtractorUpdate
+from trainer.rollout.base import sequence_logprobs
+from trainer.rollout.runner import Episode, EpisodeSpec, Segment
+from trainer.store import Generation
+
+VOCAB = 256
+LR = 1e-5
+ACTOR = ActorConfig(lr=LR, micro_batch_size=2, gradient_checkpointing=False)
+EXTRACTOR = ExtractorConfig(lr=LR, micro_batch_size=2, gradient_checkpointing=True)
+"""Checkpointing on for the extractor: Hugging Face's in one process, ``apply_ac``'s when sharded."""
+
+
+def tiny_llama(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(cfg).float()
+
+
+def _segment(model, gen: torch.Generator, n_prompt: int, turns: list[int]) -> Segment:
+    """A prompt, then actor turns (mask 1) separated by observations (mask 0); engine log-probs are the
+    model's own, as a synced engine would give."""
+    ids = lambda n: torch.randint(3, VOCAB, (n,), generator=gen).tolist()  # noqa: E731
+    seg = Segment(prompt_ids=ids(n_prompt))
+    for i, n in enumerate(turns):
+        seg.response_ids += ids(n)
+        seg.mask += [1] * n
+        if i < len(turns) - 1:
+            seg.response_ids += ids(5)
+            seg.mask += [0] * 5
+    with torch.no_grad():
+        (lp,) = sequence_logprobs(model, [seg.prompt_ids], [seg.response_ids])
+    seg.engine_logprobs = [x if m else 0.0 for x, m in zip(lp.tolist(), seg.mask, strict=True)]
+    return seg
+
+
+def actor_batch(model) -> list[Episode]:
+    """2 task instances x 4 rollouts (2 guided, 2 free), mixed rewards, one episode in two segments."""
+    gen = torch.Generator().manual_seed(1)
+    rewards = [[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]]
+    episodes = []
+    for group, rs in enumerate(rewards):
+        for k, r in enumerate(rs):
+            segs = [_segment(model, gen, 12 + 3 * k, [4 + k, 3])]
+            if group == 1 and k == 2:  # as after a context rebuild
+                segs.append(_segment(model, gen, 20, [6]))
+            spec = EpisodeSpec("tiny", seed=group, group=group, guided=k < 2)
+            episodes.append(
+                Episode(spec, "", "", None, [], segs, r, r > 0, False, [0], 0.0)  # type: ignore[arg-type]
+            )
+    return episodes
+
+
+class _Prompts:
+    """The part of ``Extractor`` the update reads: prompt token ids and the synced weight version."""
+
+    expected_version = 0
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return [3 + (ord(c) % (VOCAB - 3)) for c in prompt]
+
+
+def extractor_batch(model) -> Batch:
+    gen = torch.Generator().manual_seed(2)
+    prompts = _Prompts()
+    records = []
+    for i in range(7):
+        prompt = f"distil episode {i}: " + "abcdefgh"[: 1 + i]
+        ids = torch.randint(3, VOCAB, (5 + 2 * i,), generator=gen).tolist()
+        with torch.no_grad():
+            (lp,) = sequence_logprobs(model, [prompts.prompt_ids(prompt)], [ids])
+        old = (lp + 0.05 * torch.randn(len(ids), generator=gen)).tolist()  # an off-policy sample
+        records.append(Record(f"g{i}", Generation(prompt, "", tuple(ids), tuple(old), 0), "distil"))
+    rewards = torch.tensor([1.0, -1.0, 1 / 3, -1.0, 1.0, 0.0, -1 / 3])
+    weights = torch.tensor([1.0, 1.0, 0.5, 0.0, 1.0, 1.0, 0.7])
+    return Batch(records, rewards, weights * (rewards - rewards.mean()), weights, step=1)
+
+
+def record_grads(update, out: dict) -> None:
+    """Keep the gradients the optimiser steps on (gathered: a collective every rank joins)."""
+    step = update.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        out["grads"] = {n: parallel.full_tensor(p.grad) for n, p in update.model.named_parameters()}
+        return step(*args, **kwargs)
+
+    update.optimizer.step = recording_step
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.clone() for n, p in parallel.named_full_parameters(model)}
+
+
+def run_steps(placement, out_dir: Path) -> dict:
+    result: dict = {"world_size": placement.world_size}
+    plain = tiny_llama(0)
+    episodes = actor_batch(plain)
+    model = parallel.parallelize(plain, placement)
+    result["actor_initial"] = weights(model)
+    actor = ActorUpdate(model, ACTOR, estimator="grpo_split")
+    record_grads(actor, result)
+    result["actor_loss"] = actor.step(episodes)["actor/loss"]
+    result["actor_grads"] = result.pop("grads")
+    result["actor_weights"] = weights(model)
+    save_sharded(out_dir / "dcp", model, actor.optimizer)
+    actor.step(episodes)
+    result["actor_weights_2"] = weights(model)
+
+    plain = tiny_llama(1)
+    batch = extractor_batch(plain)
+    model = parallel.parallelize(plain, placement, activation_checkpointing=True)
+    result["extractor_initial"] = weights(model)
+    update = ExtractorUpdate(model, EXTRACTOR)
+    record_grads(update, result)
+    result["extractor_loss"] = update.step(batch, _Prompts())["extractor/loss"]  # type: ignore[arg-type]
+    result["extractor_grads"] = result.pop("grads")
+    result["extractor_weights"] = weights(model)
+    return result
+
+
+def run_resume(placement, out_dir: Path) -> dict:
+    plain = tiny_llama(5)  # other weights: all of them must come from the checkpoint
+    episodes = actor_batch(tiny_llama(0))
+    model = parallel.parallelize(plain, placement)
+    actor = ActorUpdate(model, ACTOR, estimator="grpo_split")
+    load_sharded(out_dir / "dcp", model, actor.optimizer)
+    actor.step(episodes)
+    return {"actor_weights_2": weights(model)}
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    placement = parallel.init_distributed("cpu")
+    result = run_steps(placement, out) if mode == "steps" else run_resume(placement, out)
+    if placement.rank == 0:
+        torch.save(result, out / f"{mode}-{placement.world_size}.pt")
+    parallel.destroy()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Devices and data parallelism, applied in one place to a plain model (DESIGN §7, STYLE "Many devices").
+
+``init_distributed(device)`` is called once at start: it reads torchrun's environment (RANK, WORLD_SIZE,
+LOCAL_RANK), picks the device, the process-group backend (gloo on the CPU, nccl on CUDA) and the compute
+dtype (bfloat16 on CUDA over float32 weights and optimiser state, float32 on the CPU), and returns them
+as a ``Placement``. One process without torchrun starts no process group and runs unchanged.
+
+``parallelize(model, placement)`` then applies the techniques in a fixed order, torchtitan's
+``parallelize_llama`` style: ``apply_ac`` (activation checkpointing per block), ``apply_fsdp``
+(``fully_shard`` each transformer block, then the root). The updates never ask how many ranks there are:
+every rank holds the whole batch, whose loss weights are therefore global, and trains on its share
+(``rank_micro_batches``). The per-rank losses add up to the full-batch loss, so the gradient reduction
+sums rather than averages (``apply_fsdp``), and the N-rank gradient equals the 1-rank one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What this process trains on, chosen once at start (``init_distributed``)."""
+
+    device: torch.device
+    backend: str
+    """The process-group backend for this device: gloo (CPU) or nccl (CUDA)."""
+    param_dtype: torch.dtype
+    """The compute dtype; weights, gradients' reductions and optimiser state stay float32."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        """Launched by torchrun (even with one process): a process group exists and models are sharded."""
+        return dist.is_available() and dist.is_initialized()
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``RunConfig.device`` to a torch device: auto is CUDA when present, else the CPU; a bare ``cuda``
+    under torchrun is the GPU of this rank's LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} was asked for, but this machine has no CUDA device")
+    return device
+
+
+def init_distributed(device: str = "auto") -> Placement:
+    """Pick device, backend and dtype; join torchrun's process group when launched by it."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    dev = resolve_device(device, local_rank)
+    cuda = dev.type == "cuda"
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(dev)
+    if "TORCHELASTIC_RUN_ID" in os.environ or world_size > 1:  # torchrun sets both
+        if not dist.is_initialized():
+            dist.init_process_group(backend, device_id=dev if cuda else None)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    return Placement(dev, backend, dtype, rank, world_size, local_rank)
+
+
+def device_mesh(placement: Placement) -> DeviceMesh:
+    """A 1-D mesh over every rank: pure data parallelism (FSDP)."""
+    return init_device_mesh(placement.device.type, (placement.world_size,), mesh_dim_names=("dp",))
+
+
+def mixed_precision(placement: Placement) -> MixedPrecisionPolicy:
+    """Compute in the placement's dtype, reduce gradients in float32 (DESIGN §7)."""
+    return MixedPrecisionPolicy(param_dtype=placement.param_dtype, reduce_dtype=torch.float32)
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a Hugging Face causal LM (``model.model.layers`` for Llama, Qwen, ...)."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no decoder layers at .{model.base_model_prefix}.layers")
+    return list(layers)
+
+
+def apply_ac(model: torch.nn.Module) -> None:
+    """Activation checkpointing per transformer block. The composable API hooks each block in place, so
+    parameter names (and with them checkpoints and engine syncs) stay those of the plain model."""
+    from torch.distributed._composable import checkpoint
+
+    # a KV cache would grow again when a block's forward is recomputed in the backward pass
+    model.config.use_cache = False
+    for block in transformer_blocks(model):
+        checkpoint(block)
+
+
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy) -> None:
+    """``fully_shard`` each transformer block, then the root (which keeps the embedding, the final norm
+    and the head: tied embeddings must share one unit).
+
+    Every rank's loss is its share of the full-batch loss, weighted globally, so the gradients must be
+    summed over ranks, not averaged: divide factor 1, and plain sum reductions (gloo has no PREMUL_SUM).
+    """
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    for unit in model.modules():  # each setting holds for one unit's own parameters only
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
+
+
+def parallelize(model: torch.nn.Module, placement: Placement, *, activation_checkpointing: bool = False):
+    """Move ``model`` (float32) to the placement's device; under torchrun shard it. Returns the model.
+
+    Without a process group, activation checkpointing is left to the update (Hugging Face's own), and
+    bfloat16 compute on CUDA comes from ``autocast``."""
+    model = model.to(device=placement.device, dtype=torch.float32)
+    if not placement.distributed:
+        return model
+    if activation_checkpointing:
+        apply_ac(model)
+    apply_fsdp(model, device_mesh(placement), mixed_precision(placement))
+    return model
+
+
+# ---- what the updates call (each is the identity on one unsharded process) ------------------------
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters (or their local shards) live: batches go there."""
+    return next(model.parameters()).device
+
+
+def autocast(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """bfloat16 compute over float32 weights for an unsharded model on CUDA (a sharded one gets it from
+    its ``MixedPrecisionPolicy``); nothing on the CPU, which trains in float32."""
+    device = model_device(model)
+    if device.type == "cuda" and not is_sharded(model):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_micro_batches(
+    items: Sequence[T], size: int, rank: int | None = None, world: int | None = None
+) -> list[list[T]]:
+    """This rank's share of ``items`` (every world_size-th, so sorted items stay balanced) in micro-batches
+    of at most ``size``. Every rank gets the same number of micro-batches, some perhaps empty, because
+    each forward and backward of a sharded model is a collective that all ranks must join.
+    ``rank``/``world``: this process's in the process group unless given."""
+    if rank is None or world is None:
+        rank, world = _rank_and_world()
+    mine = list(items[rank::world])
+    n_mb = -(-len(items) // (world * size))  # ceil: the largest share's micro-batch count
+    per = -(-len(mine) // n_mb) if n_mb else 0
+    return [mine[i * per : (i + 1) * per] for i in range(n_mb)]
+
+
+def all_sum(values: Sequence[float], device: torch.device) -> list[float]:
+    """Sum plain floats over ranks (metrics and checks that must agree everywhere)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_max(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a sharded one (a collective: every rank calls it); a plain one as is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded weights for an engine sync or a Hugging Face save (a collective when sharded)."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def named_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole parameter) pairs, gathered when sharded: for tests and comparisons."""
+    for name, p in model.named_parameters():
+        yield name, full_tensor(p.detach())
+
+
+def destroy() -> None:
+    """Leave the process group at the end of a run (torchrun warns otherwise)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
