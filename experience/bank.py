@@ -143,11 +143,15 @@ def _record(
     actor: str,
     before: dict | None,
     *,
-    step: int = 0,
+    step: int | None = None,
     user=None,
     merge: Merge | None = None,
     batch: str = "",
 ) -> ExperienceChange:
+    """One row of the entry's history. ``step``: the run's step the change belongs to; a person's pin or
+    undo names none and gets the run's current step, so the history's steps never go backwards."""
+    if step is None:
+        step = e.run.step if e.run_id else e.updated_step
     return ExperienceChange.objects.create(
         batch=batch,
         experience=e,
@@ -354,8 +358,9 @@ def _undo_one(change: ExperienceChange, embedder: Embedder, *, user=None) -> Exp
     e = _locked(change.experience_id)
     if e.version != change.after["version"]:
         raise BankError(
-            f"experience #{e.pk} changed after change #{change.pk} (version {e.version}, "
-            f"not {change.after['version']}): undo the later changes first"
+            f"This change cannot be undone: the entry “{e.title}” was changed "
+            f"again after it (it is at version {e.version}; this change left version "
+            f"{change.after['version']}). To go back, undo the later changes first (newest first)."
         )
     before = snapshot(e)
     if change.before is None:  # the change created the entry: undoing it removes it

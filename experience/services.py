@@ -8,6 +8,7 @@ interleaves with the extractor's operations or a merge.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -69,10 +70,13 @@ def experience_pin(
 
 
 def experience_delete(entry: Experience, *, user=None, expected_version: int | None = None) -> Experience:
-    """Delete (undoable); ``expected_version`` (when the page sent it): refused if the entry changed since,
-    so a person never deletes text they have not seen."""
+    """Delete (undoable), recorded at the run's current step; ``expected_version`` (when the page sent it):
+    refused if the entry changed since, so a person never deletes text they have not seen."""
+    step = entry.run.step if entry.run_id else entry.updated_step
     with write_access(entry.run_id):
-        return bank.delete(entry.pk, actor=Actor.PERSON, user=user, expected_version=expected_version)
+        return bank.delete(
+            entry.pk, actor=Actor.PERSON, user=user, expected_version=expected_version, step=step
+        )
 
 
 def experience_prune(run, ids: list[int], *, user=None) -> tuple[int, str]:
@@ -110,10 +114,23 @@ def experience_export(run, out: IO[str], *, scope: str | None = None) -> int:
     return transfer.export_jsonl(run.pk, out, scope=scope)
 
 
-def experience_import(run, source: IO, *, user=None, file_name: str = "") -> int:
-    """Import a JSONL export (a seekable text or binary file) here and now; returns how many entries."""
-    job = ImportJob.objects.create(run=run, user=user, file_name=file_name[:255])
+def experience_import(run, source: IO, *, user=None, file_name: str = "", size: int | None = None) -> int:
+    """Import a JSONL export (a seekable text or binary file) here and now; returns how many entries. The
+    job's ``size`` (bytes) is ``size`` or else measured from the file, so its line never says 0 bytes."""
+    size = _file_size(source) if size is None else size
+    job = ImportJob.objects.create(run=run, user=user, file_name=file_name[:255], size=size)
     return _run_import(job, source)
+
+
+def _file_size(source: IO) -> int:
+    """The length of a seekable file, leaving its position where it was (0 where it cannot seek)."""
+    try:
+        here = source.tell()
+        end = source.seek(0, os.SEEK_END)
+        source.seek(here)
+    except (AttributeError, OSError, ValueError):
+        return 0
+    return end
 
 
 def _run_import(job: ImportJob, source: IO) -> int:

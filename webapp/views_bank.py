@@ -56,6 +56,7 @@ def bank(request: HttpRequest, run_id: int) -> HttpResponse:
     context = {
         "search": search if data.get("q") else None,
         "run": run, "form": form, "entries": entries, "can_edit": can_edit_bank(request.user, run),
+        "bank_size": Experience.objects.in_bank(run.pk).count(),
         "scopes": bank_selectors.experience_scopes(run),
         "prune_form": PruneForm(), "import_form": ImportForm(),
         "last_prune": _last_prune(request, run),
@@ -84,11 +85,34 @@ def bank_entry_view(request: HttpRequest, run_id: int, entry_id: int) -> HttpRes
         if status is None:
             messages.success(request, "Saved.")
             return redirect("bank_entry", run_id=run.id, entry_id=entry.id)
+    history = list(bank_selectors.experience_history(entry))
     context = {
         "run": run, "entry": entry, "form": form, "can_edit": can_edit,
-        "history": bank_selectors.experience_history(entry),
+        "history": history, "undoable": undoable_changes(entry, history),
     }  # fmt: skip
     return render(request, "webapp/bank_entry.html", context, status=status)
+
+
+def undoable_changes(entry: Experience, history: list[ExperienceChange]) -> set[int]:
+    """The changes whose Undo would work now (the page offers no button that can only be refused): not
+    undone, not an undo, and the entry still as the change left it; a merge's change also needs every
+    entry of that merge as the merge left it (undoing it undoes the whole merge)."""
+    out = set()
+    for change in history:
+        if change.undone_by_id or change.kind == ExperienceChange.Kind.UNDO:
+            continue
+        if (change.after or {}).get("version") != entry.version:
+            continue
+        if change.merge_id is not None and (change.merge.undone_at or not _merge_is_latest(change.merge)):
+            continue
+        out.add(change.pk)
+    return out
+
+
+def _merge_is_latest(merge: Merge) -> bool:
+    """Every entry the merge touched is as the merge's last change of it left it."""
+    last = {c.experience_id: c for c in merge.changes.select_related("experience").order_by("id")}
+    return all((c.after or {}).get("version") == c.experience.version for c in last.values())
 
 
 MISSING_VERSION = (
@@ -272,7 +296,9 @@ def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
         messages.info(request, f"Importing {upload.name} in the background: progress under Import.")
         return redirect("bank", run_id=run.id)
     try:
-        n = bank_services.experience_import(run, upload, user=request.user, file_name=upload.name)
+        n = bank_services.experience_import(
+            run, upload, user=request.user, file_name=upload.name, size=upload.size
+        )
     except ValueError as err:
         messages.error(request, f"Nothing was imported: the file is not a valid experience export ({err}).")
     else:

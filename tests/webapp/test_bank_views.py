@@ -164,7 +164,7 @@ def test_an_editor_edits_pins_deletes_and_undoes_and_each_change_is_recorded_as_
     assert [c.kind for c in changes] == ["add", "update", "pin", "delete"]
     assert all(c.actor == "person" and c.user == editor for c in changes[1:])
     page = client.get(url).content.decode()
-    assert "deleted" in page and page.count(">Undo</button>") == 4
+    assert "deleted" in page and page.count(">Undo</button>") == 1  # only the newest change can be undone
     client.post(reverse("bank_undo", args=[run.id, changes[-1].id]))
     assert not Experience.objects.get(pk=e.id).is_deleted
     page = client.post(reverse("bank_undo", args=[run.id, changes[-1].id]), follow=True).content.decode()

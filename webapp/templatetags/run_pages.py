@@ -66,15 +66,22 @@ def run_outcome(run: Run) -> dict[str, Any]:
     the page can say how to go on. Empty for other states."""
     if run.status not in (Run.Status.CANCELLED, Run.Status.FAILED):
         return {}
-    from experience.models import Experience
-
     return {
         "steps": run.step,
         "episodes": EpisodeRecord.objects.filter(run=run).count(),
-        "entries": Experience.objects.filter(run=run).live().count(),
+        "entries": bank_size_now(run),
         "checkpoint_step": checkpoint_step(run),
         "checkpoint_every": (run.config or {}).get("checkpoint_every"),
     }
+
+
+@register.simple_tag
+def bank_size_now(run: Run) -> int:
+    """The entries in the run's bank now, counted as the bank page counts them (a step's recorded
+    ``bank/size`` predates the extractor's additions from that step's episodes)."""
+    from experience.models import Experience
+
+    return Experience.objects.in_bank(run.pk).count()
 
 
 @register.simple_tag
