@@ -42,12 +42,18 @@ def _add(run, title: str, embedder, step: int = 0) -> Experience:
                     embedding_model=embedder.model_id, step=step)  # fmt: skip
 
 
+def _update(entry: Experience, embedder) -> None:
+    vector = embedder.embed_one("lesson v2")
+    bank.update(entry.pk, "lesson v2", "new", vector, step=1, embedding_model=embedder.model_id)
+
+
 def _text(page: str, element_id: str) -> str:
     return re.sub(r"\s+", " ", page.split(f'id="{element_id}"')[1].split(">", 1)[1].split("<")[0]).strip()
 
 
 def test_the_run_page_and_the_bank_page_give_the_same_bank_size(client, editor, run, embedder):
-    MetricRow.objects.create(run=run, step=1, wall_time=1.0, values={"bank/size": 0.0})  # before the additions
+    # the step's row was written before the extractor's additions from that step
+    MetricRow.objects.create(run=run, step=1, wall_time=1.0, values={"bank/size": 0.0})
     entries = [_add(run, f"lesson {i}", embedder, step=1) for i in range(3)]
     bank.delete(entries[0].pk, step=1)
     client.force_login(editor)
@@ -64,7 +70,8 @@ def test_an_import_done_in_the_request_records_its_files_bytes(client, editor, r
     body = b"".join(client.get(reverse("bank_export", args=[run.id])).streaming_content)
     target = Run.objects.create(name="target", owner=editor)
     upload = SimpleUploadedFile("bank.jsonl", body, content_type="application/jsonl")
-    page = client.post(reverse("bank_import", args=[target.id]), {"file": upload}, follow=True).content.decode()
+    response = client.post(reverse("bank_import", args=[target.id]), {"file": upload}, follow=True)
+    page = response.content.decode()
     job = ImportJob.objects.get(run=target)
     assert job.size == len(body) > 0 and job.status == ImportJob.Status.SUCCEEDED
     line = page.split(f'id="import-job-{job.id}"')[1].split("</div>")[0]
@@ -84,7 +91,7 @@ def test_a_file_imported_without_a_size_is_measured(editor, run, embedder, tmp_p
 
 def test_a_persons_pin_delete_and_undo_are_recorded_at_the_runs_current_step(editor, run, embedder):
     entry = _add(run, "lesson", embedder, step=0)
-    bank.update(entry.pk, "lesson v2", "new", embedder.embed_one("lesson v2"), step=1, embedding_model=embedder.model_id)
+    _update(entry, embedder)
     Run.objects.filter(pk=run.pk).update(step=2)
     entry.refresh_from_db()
     bank_services.experience_pin(entry, True, user=editor)
@@ -95,9 +102,11 @@ def test_a_persons_pin_delete_and_undo_are_recorded_at_the_runs_current_step(edi
     assert steps == [("add", 0), ("update", 1), ("pin", 2), ("delete", 2), ("undo", 2)]
 
 
-def test_undo_is_offered_only_on_the_latest_change_and_a_refusal_says_what_to_do(client, editor, run, embedder):
+def test_undo_is_offered_only_on_the_latest_change_and_a_refusal_says_what_to_do(
+    client, editor, run, embedder
+):
     entry = _add(run, "lesson", embedder)
-    bank.update(entry.pk, "lesson v2", "new", embedder.embed_one("lesson v2"), step=1, embedding_model=embedder.model_id)
+    _update(entry, embedder)
     add, update = ExperienceChange.objects.filter(experience=entry).order_by("id")
     client.force_login(editor)
     page = client.get(reverse("bank_entry", args=[run.id, entry.id])).content.decode()
