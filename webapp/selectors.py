@@ -47,8 +47,8 @@ def run_list(user, *, filters: dict[str, Any] | None = None, sort: str = "create
         qs = qs.with_display_status(filters["status"])
     if filters.get("method"):
         qs = qs.filter(method=filters["method"])
-    if filters.get("env"):
-        qs = qs.filter(env=filters["env"])
+    if filters.get("env"):  # a part of the name: "Room-5x5" finds MiniHack-Room-5x5
+        qs = qs.filter(env__icontains=filters["env"])
     if filters.get("tag"):
         qs = qs.filter(tags__contains=[filters["tag"]])
     if filters.get("q"):

@@ -38,6 +38,24 @@ const Studio = (() => {
 
   function chartWidth(el) { return Math.max(240, el.clientWidth - 8); }
 
+  // A curve of this few points draws each as a dot: one point makes no line at all, two a bare segment.
+  const SPARSE_POINTS = 12;
+  function sparse(u, si) {
+    let n = 0;
+    for (const v of u.data[si] || []) if (v !== null && v !== undefined) n += 1;
+    return n <= SPARSE_POINTS;
+  }
+
+  // The y range: uPlot's padded one, and a flat curve (one point, or all equal) centred in a readable span.
+  function yRange(u, min, max) {
+    if (min === null || max === null) return [0, 1];
+    if (min === max) {
+      const pad = Math.abs(min) > 1 ? Math.abs(min) * 0.1 : 0.5;
+      return [min - pad, max + pad];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   /* One uPlot chart in a new box under ``parent``. ``lines``: uPlot series (without x); ``raw``: the values
      the hover legend shows (aligned with ``data``); ``range``: a function giving the x range, or null. */
   function makePlot(parent, { id, title, xLabel, lines, data, raw, range, height, extra = {} }) {
@@ -45,15 +63,16 @@ const Studio = (() => {
     box.className = "chart";
     box.id = "chart-" + id;
     parent.appendChild(box);
-    const series = lines.map((line, i) => ({
+    const series = lines.map((line) => ({
       spanGaps: true,
+      points: line.inLegend === false ? { show: false } : { show: sparse, size: 7 },
       ...line,
       value: (u, v, si, idx) => fmt(u.raw && u.raw[si] ? u.raw[si][idx] : v),   // live pages replace u.raw
     }));
     const xAxis = range ? { label: xLabel, incrs: STEP_INCRS, values: (u, ticks) => ticks.map(String) } : { label: xLabel };
     const opts = {
       title, width: chartWidth(box), height,
-      scales: { x: range ? { time: false, range: () => range() } : { time: false } },
+      scales: { x: range ? { time: false, range: () => range() } : { time: false }, y: { range: yRange } },
       axes: [xAxis, {}],
       series: [{ label: xLabel, value: (u, v) => fmt(v) }, ...series],
       ...extra,
