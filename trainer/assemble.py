@@ -29,12 +29,13 @@ from trainer.actor import ActorUpdate
 from trainer.cancel import CancelToken
 from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
 from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, work_left
-from trainer.config import ConfigError, RunConfig
+from trainer.config import ConfigError, ExtractorConfig, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.experiments.files import FAILURES_FILE
 from trainer.extractor.model import Extractor
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
+from trainer.lora import apply_lora, has_adapter, load_adapter
 from trainer.models import load_causal_lm, load_tokenizer
 from trainer.report import ConsoleReporter, EpisodeLogReporter, JsonlReporter, Reporter, Reporters, RunClock
 from trainer.rollout.base import Engine, engine_from_config
@@ -95,7 +96,7 @@ def prepare_actor(
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     seed_everything(cfg.seed)
     tokenizer = load_tokenizer(cfg.actor.model_path)
-    model = load_causal_lm(cfg.actor.model_path)
+    model = apply_lora(load_causal_lm(cfg.actor.model_path), cfg.actor.lora)
     actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
     if state is not None:
         load_checkpoint(state, model=model, optimizer=actor.optimizer)
@@ -108,6 +109,17 @@ def sync_if_stale(actor: ActorUpdate, engine: Engine, state: CheckpointState | N
         actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
 
 
+def load_extractor_model(x: ExtractorConfig, saved: Path | None) -> torch.nn.Module:
+    """πϕ's trainer model: the checkpoint's ``saved`` weights when resuming (its model folder, or its LoRA
+    adapter on the base model), else the configured model (with a fresh adapter when LoRA is on)."""
+    if saved is not None and (saved / "config.json").exists():  # a full fine-tune's weights
+        return load_causal_lm(saved)
+    model = apply_lora(load_causal_lm(x.model_path), x.lora)
+    if saved is not None and x.lora.enabled and has_adapter(saved):
+        load_adapter(model, saved)
+    return model
+
+
 def build_extractor(
     cfg: RunConfig, engine: Engine, state: CheckpointState | None, out_dir: Path | None = None
 ) -> tuple[Extractor, ExtractorUpdate | None]:
@@ -117,8 +129,7 @@ def build_extractor(
     update = None
     if cfg.extractor_trains:
         saved = state.path / "extractor" if state is not None else None
-        path = saved if saved is not None and (saved / "config.json").exists() else x.model_path
-        update = ExtractorUpdate(load_causal_lm(path), x)
+        update = ExtractorUpdate(load_extractor_model(x, saved), x)
     extractor = Extractor(
         engine,
         load_tokenizer(x.model_path),

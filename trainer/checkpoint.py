@@ -3,6 +3,8 @@
 Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
 
     actor/          the actor as a Hugging Face model folder (safetensors + tokenizer): loadable by any engine
+                    (a LoRA actor: its merged weights)
+    actor_lora/     a LoRA actor's adapter in PEFT's format, which a resume loads (``trainer.lora``)
     optimizer.pt    AdamW state
     rng.pt          Python, NumPy and torch RNG states
     state.json      {"step", "engine_version", "elapsed_s", "config"}
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer import lora
 from trainer.config import ConfigError, RunConfig
 
 STATE_FILE = "state.json"
@@ -84,7 +87,11 @@ def save_checkpoint(
     tmp = final.with_name(final.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "actor", safe_serialization=True)
+    if lora.is_lora(model):  # the merged model, which any engine loads, and the adapter a resume loads
+        lora.save_merged(model, tmp / "actor")
+        lora.save_adapter(model, tmp / lora.ADAPTER_DIR)
+    else:
+        model.save_pretrained(tmp / "actor", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "actor")
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -176,9 +183,14 @@ def check_resumable(saved: RunConfig, wanted: RunConfig) -> None:
 def load_checkpoint(
     state: CheckpointState, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> None:
-    """Load weights, optimiser and RNG states of ``state`` into the given objects (in place)."""
+    """Load weights, optimiser and RNG states of ``state`` into the given objects (in place). A LoRA
+    model loads its adapter (``actor_lora/``) onto the base weights it was built from."""
     from safetensors.torch import load_file
 
+    if lora.is_lora(model):
+        lora.load_adapter(model, state.path / lora.ADAPTER_DIR)
+        _load_optimizer_and_rng(state, optimizer)
+        return
     weights: dict[str, torch.Tensor] = {}
     for f in sorted((state.path / "actor").glob("*.safetensors")):
         weights |= load_file(f)
@@ -189,6 +201,10 @@ def load_checkpoint(
             f"checkpoint {state.path} does not fit the actor model (missing {missing[:5]}, unexpected "
             f"{list(unexpected)[:5]})"
         )
+    _load_optimizer_and_rng(state, optimizer)
+
+
+def _load_optimizer_and_rng(state: CheckpointState, optimizer: torch.optim.Optimizer) -> None:
     optimizer.load_state_dict(torch.load(state.path / "optimizer.pt", weights_only=False))
     rng = torch.load(state.path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])

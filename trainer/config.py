@@ -186,6 +186,42 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 # ---- sections -------------------------------------------------------------------------------------
 
+LORA_TARGET = re.compile(r"all-linear|[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*")
+"""``LoraConfig.target_modules``: PEFT's ``all-linear`` or comma-separated module names."""
+
+
+@dataclass(frozen=True)
+class LoraConfig(_Section):
+    """A LoRA adapter (Hu et al. 2021) trained through PEFT in place of the whole model (``trainer.lora``):
+    the base weights stay frozen and each targeted linear layer W serves as W + B·A·alpha/rank. It is the
+    one-GPU path for 7B-class models (the plan counts 16 bytes a parameter for the adapter only)."""
+
+    rank: int = 0
+    """Adapter rank r (0: off, the whole model trains) [e.g. 16]."""
+    alpha: float = 32.0
+    """Scale of the update: B·A·alpha/rank is added to each targeted weight [32]."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input while training (0: none, which keeps π_old equal to π_θ)."""
+    target_modules: str = "all-linear"
+    """The linear layers that get an adapter: ``all-linear`` (every one but the output layer: q, k, v, o,
+    gate, up and down projections of a Llama-style model) or comma-separated names (``q_proj,v_proj``)."""
+
+    def __post_init__(self) -> None:
+        _at_least("rank", self.rank, 0)
+        _at_most("rank", self.rank, 4096)
+        _positive("alpha", self.alpha)
+        _require(0 <= self.dropout < 1, f"dropout must be at least 0 and below 1 (got {self.dropout})")
+        _require(
+            LORA_TARGET.fullmatch(self.target_modules) is not None,
+            f"target_modules must be all-linear or comma-separated module names like q_proj,v_proj "
+            f"(got {self.target_modules!r})",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """A LoRA adapter trains instead of the whole model."""
+        return self.rank > 0
+
 
 @dataclass(frozen=True)
 class ActorConfig(_Section):
@@ -214,6 +250,9 @@ class ActorConfig(_Section):
     """Recompute π_old's log-probs in a separate no-grad pass before the update. With one optimiser step
     per batch (this trainer) π_old = π_θ, so the training forward's detached log-probs are exact and the
     extra pass (a fifth of a CPU step) changes nothing; keep it for loss variants that need it."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Train a LoRA adapter instead of the whole actor (``lora.rank`` above 0); the engine serves the
+    merged weights."""
 
     def __post_init__(self) -> None:
         _require(bool(self.model_path), "model_path must name a model directory or hub id")
@@ -268,6 +307,8 @@ class ExtractorConfig(_Section):
     """Registered policy loss (``trainer.losses.get_policy_loss``)."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass: less memory, about 30% more compute."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Train a LoRA adapter instead of the whole extractor (``lora.rank`` above 0)."""
 
     def __post_init__(self) -> None:
         _require(bool(self.model_path), "model_path must name a model directory or hub id")
