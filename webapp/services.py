@@ -99,7 +99,7 @@ def run_hand_on(run: Run, node: str) -> str | None:
     if mine.fits:
         return None
     try:
-        placement = place(cfg, exclude=node)
+        placement = place(cfg, exclude=node, queue=me.shared_queue)
     except ConfigError:  # no other worker (PlanError)
         placement = None
     if placement is not None and placement.queue is not None:

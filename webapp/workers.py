@@ -280,11 +280,14 @@ def _busy(node: str) -> int:
     return Run.objects.filter(status=Run.Status.RUNNING, worker__startswith=f"{node}:").count()
 
 
-def place(cfg: RunConfig, *, workers: list[Worker] | None = None, exclude: str = "") -> Placement:
-    """Where a launch of ``cfg`` goes among the live workers (``workers``: these instead; ``exclude``: leave
-    out this node and never pick a shared queue, for a worker handing on a run it cannot train)."""
+def place(
+    cfg: RunConfig, *, workers: list[Worker] | None = None, exclude: str = "", queue: str = TRAINING_QUEUE
+) -> Placement:
+    """Where a launch of ``cfg`` goes among the live workers of the shared ``queue`` (``workers``: these
+    instead; ``exclude``: leave out this node and never pick a shared queue, for a worker handing on a run
+    it cannot train). Workers of other shared queues (a test's ``<prefix>training``) are not the product's."""
     if workers is None:
-        workers = live_workers()
+        workers = [w for w in live_workers() if w.shared_queue == queue]
     workers = [w for w in workers if w.node != exclude]
     stand = not workers and not exclude
     checks = tuple(check(cfg, w) for w in (workers or ([stand_in()] if stand else [])))
