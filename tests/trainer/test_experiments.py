@@ -13,13 +13,13 @@ import pytest
 from scipy import stats
 
 from trainer.config import ConfigError, get_preset
-from trainer.experiments.bank import BankReplay, agreement, entry_quality, sizes_after
+from trainer.experiments.bank import BankReplay, agreement, entry_quality, shares, sizes_after
 from trainer.experiments.files import last_attempt, read_lines, write_lines
 from trainer.experiments.report import (
     EXTRACTED,
     IMPORTED,
     RunResult,
-    bank_quality,
+    bank_replay,
     build_report,
     entry_usefulness,
     imported_entries,
@@ -345,7 +345,7 @@ def test_a_report_has_every_section_plots_and_a_summary(tmp_path):
         "### Entries: success when retrieved",
         "### Same slot, with and without the entry",
         "### Merge passes",
-        "### The bank as it was",
+        "### Bank quality: the bank as it was",
         "## 4. What the extractor did",
         "## 5. Cost",
     ):
@@ -504,7 +504,8 @@ def test_the_quality_rule_marks_grounded_entries_and_duplicates():
 def test_bank_quality_replays_the_banks_history_step_by_step(tmp_path):
     write_fake_grid(tmp_path)
     run = [r for r in load_results(tmp_path) if r.slug == "complementary-s0"][0]
-    q = {row["step"]: row for row in bank_quality(run)}
+    banks, _ = bank_replay(run).banks()
+    q = {step: shares(bank) for step, bank in banks.items()}
     assert q[1]["entries"] == 2 and q[1]["good"] == pytest.approx(0.5)  # "Nothing happened." is not
     assert q[2]["entries"] == 2 and q[2]["good"] == pytest.approx(1.0)  # the merge removed it
 

@@ -762,12 +762,6 @@ def bank_replay(r: RunResult) -> BankReplay:
     return BankReplay.of(r.changes, dict(zip(*r.train_series("bank/size"), strict=True)))
 
 
-def bank_quality(r: RunResult) -> list[dict[str, float]]:
-    """Per step whose bank the rebuild matched: its entries and the rule's shares."""
-    banks, _ = bank_replay(r).banks()
-    return [{"step": step, **shares(bank)} for step, bank in sorted(banks.items())]
-
-
 def label_lines(labels: Sequence[dict[str, Any]], finals: dict[str, Any]) -> list[str]:
     """The hand labels' verdict on the final banks, and the rule's precision and recall against them."""
     if not labels:
@@ -792,9 +786,9 @@ def label_lines(labels: Sequence[dict[str, Any]], finals: dict[str, Any]) -> lis
 def quality_section(runs: Sequence[RunResult], out: Path, labels: Sequence[dict[str, Any]] = ()) -> str:
     rs = [r for r in runs if r.changes]
     if not rs:
-        return "### Bank quality (mechanical rule)\n\nNo bank entry was written.\n"
+        return "### Bank quality\n\nNo bank entry was written.\n"
     lines = [
-        "### The bank as it was, and its quality (hand labels; the mechanical rule beside them)",
+        "### Bank quality: the bank as it was, hand labels, and the mechanical rule beside them",
         "",
         "Each run's bank rebuilt from `changes.jsonl` in the order the changes were applied (their ids), "
         "checked against the `bank/size` the run recorded at every step: a step matches when the rebuilt "
@@ -833,7 +827,9 @@ def quality_section(runs: Sequence[RunResult], out: Path, labels: Sequence[dict[
             ]
         )
         steps = sorted(banks)
-        ax.plot(steps, [shares(banks[s])["good"] for s in steps], marker=".", label=r.slug)
+        line = ax.plot(steps, [len(banks[s]) for s in steps], marker=".", label=f"{r.slug} rebuilt")[0]
+        recorded = sorted(replay.recorded)
+        ax.plot(recorded, [replay.recorded[s] for s in recorded], "x", color=line.get_color(), alpha=0.6)
     lines.append(
         _table(
             [
@@ -853,11 +849,10 @@ def quality_section(runs: Sequence[RunResult], out: Path, labels: Sequence[dict[
         lines += ["", *warnings]
     lines += ["", *label_lines(labels, finals)]
     _step_axis(ax)
-    ax.set_ylabel("share marked good by the rule")
-    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("entries (line: rebuilt; x: bank/size)")
     ax.legend(fontsize=7)
     _save(fig, out / "bank_quality.png")
-    return "\n".join([*lines, "", "![bank quality](bank_quality.png)", ""])
+    return "\n".join([*lines, "", "![bank size, rebuilt vs recorded](bank_quality.png)", ""])
 
 
 # ---- 4. the extractor ---------------------------------------------------------------------------------
@@ -1214,6 +1209,9 @@ def build_report(folder: Path, out_dir: Path | None = None) -> Path:
     ]
     (out / "report.md").write_text("\n".join(parts), encoding="utf-8")
     _write_summary(out / "summary.csv", eval_rows, cost_rows)
+    from trainer.experiments.summary import SUMMARY_FILE, summary_md  # it builds on this module
+
+    (out / SUMMARY_FILE).write_text(summary_md(folder, runs), encoding="utf-8")
     return out
 
 

@@ -16,8 +16,10 @@ class Command(BaseCommand):
         "Experiments (configs/experiments/*.toml): 'run FILE' queues every unfinished cell of the grid on "
         "the training queue (--here: trains them one after another in this process); running it again skips "
         "finished cells and resumes unfinished ones (--restart CELL starts one again from scratch). 'status "
-        "FILE' shows the grid. 'report NAME' writes report.md, plots and summary.csv from the committed "
-        "result files (docs/experiments/NAME/)."
+        "FILE' shows the grid. 'report NAME' writes report.md, plots, summary.csv and summary.md (the "
+        "README's generated block) from the committed result files (docs/experiments/NAME/). 'verify NAME' "
+        "rebuilds the report into a temporary folder and fails, listing the differences, if the committed "
+        "report or the README's copy of its summary differs from it."
     )
 
     def add_arguments(self, parser) -> None:
@@ -38,6 +40,13 @@ class Command(BaseCommand):
         report = sub.add_parser("report", help="build the report from the result files")
         report.add_argument("name", help="the experiment's name (its folder under docs/experiments/)")
         report.add_argument("--out", type=Path, help="report folder [docs/experiments/NAME/report]")
+        verify = sub.add_parser(
+            "verify", help="rebuild the report and fail on any difference from the committed"
+        )
+        verify.add_argument("name", help="the experiment's name (its folder under docs/experiments/)")
+        verify.add_argument(
+            "--readme", type=Path, help="the README whose generated block must equal the summary [README.md]"
+        )
 
     def handle(self, *args, **options) -> None:
         self.stdout.ending = "\n"
@@ -100,3 +109,26 @@ class Command(BaseCommand):
             raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
         out = build_report(folder, out_dir=options["out"])
         self._say(f"report: {out / 'report.md'}")
+
+    def _verify(self, options) -> None:
+        from django.conf import settings
+
+        from trainer.experiments.summary import SUMMARY_FILE, verify
+        from webapp.experiments import results_dir
+
+        folder = results_dir(options["name"])
+        if not (folder / "runs").is_dir():
+            raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
+        readme = options["readme"] or Path(settings.BASE_DIR) / "README.md"
+        block = f"docs/experiments/{options['name']}/report/{SUMMARY_FILE}"
+        try:
+            differences = verify(folder, readme=readme, summary_path=block)
+        except ValueError as err:
+            raise CommandError(str(err)) from err
+        if differences:
+            raise CommandError(
+                f"{options['name']}: the committed report or the README differs from the report rebuilt from "
+                f"{folder / 'runs'} ({len(differences)} lines below); rebuild it with 'experiment report "
+                f"{options['name']}' and copy {block} into the README's block:\n" + "\n".join(differences)
+            )
+        self._say(f"{options['name']}: the committed report and the README's summary match the run files")
