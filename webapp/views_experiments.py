@@ -75,10 +75,13 @@ def committed_detail(request: HttpRequest, experiment: CommittedExperiment) -> H
 
 
 def report_html(markdown: str, name: str, owner_query: str = "") -> SafeString:
-    """report.md as HTML: raw HTML in it is escaped (entry titles are model output), tables rendered, and its
-    plots (bare ``*.png`` names) point at ``experiment_report_file``."""
+    """report.md as HTML (less a title that repeats the page's): raw HTML in it is escaped (entry titles are
+    model output), tables rendered, and its plots (bare ``*.png`` names) point at
+    ``experiment_report_file``."""
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = md.parse(markdown)
+    if len(tokens) > 2 and tokens[0].tag == "h1" and tokens[1].content == f"Experiment {name}":
+        tokens = tokens[3:]  # the report's own title is the page's heading already
     for token in tokens:
         for child in token.children or []:
             src = str(child.attrGet("src") or "")

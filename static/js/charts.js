@@ -49,9 +49,9 @@ const Studio = (() => {
   // The y range: uPlot's padded one, and a flat curve (one point, or all equal) centred in a readable span.
   function yRange(u, min, max) {
     if (min === null || max === null) return [0, 1];
-    if (min === max) {
+    if (min === max) {  // a rate or a count never goes below 0 on its axis
       const pad = Math.abs(min) > 1 ? Math.abs(min) * 0.1 : 0.5;
-      return [min - pad, max + pad];
+      return [min >= 0 ? Math.max(0, min - pad) : min - pad, max + pad];
     }
     return uPlot.rangeNum(min, max, 0.1, true);
   }
@@ -65,7 +65,7 @@ const Studio = (() => {
     parent.appendChild(box);
     const series = lines.map((line) => ({
       spanGaps: true,
-      points: line.inLegend === false ? { show: false } : { show: sparse, size: 7 },
+      points: line.inLegend === false ? { show: false } : { show: sparse, size: 7, fill: line.stroke },
       ...line,
       value: (u, v, si, idx) => fmt(u.raw && u.raw[si] ? u.raw[si][idx] : v),   // live pages replace u.raw
     }));
