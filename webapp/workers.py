@@ -41,7 +41,7 @@ HEARTBEAT_S = 20.0
 STALE_S = 60.0
 """A record not refreshed for this long belongs to a worker that is gone: no launch is placed on it."""
 TRAINING_QUEUE = "training"
-"""The shared queue of training runs (``CELERY_TASK_ROUTES``)."""
+"""The product's shared queue of training runs, unless ``CELERY_TASK_ROUTES`` names another."""
 OWN_QUEUE_SUFFIX = ".training"
 
 CUDA_PROBE = (
@@ -50,6 +50,14 @@ CUDA_PROBE = (
     "print(json.dumps([torch.cuda.get_device_properties(i).total_memory for i in range(n)]))\n"
 )
 """Run in a child process: CUDA initialised in a worker's parent would be broken in its forked pool."""
+
+
+def training_queue() -> str:
+    """The shared queue ``train_run`` is routed to by the settings (a browser test's queue of its own)."""
+    from django.conf import settings
+
+    route = getattr(settings, "CELERY_TASK_ROUTES", {}).get("webapp.tasks.train_run", {})
+    return route.get("queue", TRAINING_QUEUE)
 
 
 def own_queue(node: str) -> str:
@@ -136,7 +144,9 @@ def cpu_cores() -> int:
 def stand_in() -> Worker:
     """The web server's machine, standing in for the workers while none is registered."""
     devices, source = detect_devices()
-    return Worker("this machine (no worker registered yet)", TRAINING_QUEUE, devices, 1, cpu_cores(), source)
+    return Worker(
+        "this machine (no worker registered yet)", training_queue(), devices, 1, cpu_cores(), source
+    )
 
 
 # ---- the registry ---------------------------------------------------------------------------------
@@ -281,13 +291,13 @@ def _busy(node: str) -> int:
 
 
 def place(
-    cfg: RunConfig, *, workers: list[Worker] | None = None, exclude: str = "", queue: str = TRAINING_QUEUE
+    cfg: RunConfig, *, workers: list[Worker] | None = None, exclude: str = "", queue: str = ""
 ) -> Placement:
     """Where a launch of ``cfg`` goes among the live workers of the shared ``queue`` (``workers``: these
     instead; ``exclude``: leave out this node and never pick a shared queue, for a worker handing on a run
     it cannot train). Workers of other shared queues (a test's ``<prefix>training``) are not the product's."""
     if workers is None:
-        workers = [w for w in live_workers() if w.shared_queue == queue]
+        workers = [w for w in live_workers() if w.shared_queue == (queue or training_queue())]
     workers = [w for w in workers if w.node != exclude]
     stand = not workers and not exclude
     checks = tuple(check(cfg, w) for w in (workers or ([stand_in()] if stand else [])))
@@ -297,7 +307,7 @@ def place(
     if not fitting:
         return Placement(max(checks, key=_size), checks, None, stand)
     if stand:
-        return Placement(fitting[0], checks, TRAINING_QUEUE, stand)
+        return Placement(fitting[0], checks, training_queue(), stand)
     # the smallest that fits among the least busy: big machines stay free for big runs
     chosen = min(fitting, key=lambda c: (_busy(c.worker.node) - c.worker.slots, _size(c)))
     shared = chosen.worker.shared_queue
