@@ -75,6 +75,7 @@ def test_a_new_users_first_hour_on_a_fresh_database(server, browser_page, alice)
     _bank(cancelled)
     _run_page(page, server, cancelled)
     _bank_page(page, server, cancelled)
+    _cancel(page, server, _run(alice, "room queued", "grpo", 2, steps=0))
     other = _run(alice, "room grpo", "grpo", 1, steps=2, level=0.2, status=Run.Status.SUCCEEDED)
     _compare_page(page, server, cancelled, other)
     # no missing favicon, no script error (the 404 visited on purpose aside)
@@ -121,6 +122,20 @@ def _run_page(page, server: str, run: Run) -> None:
     y = page.evaluate("(({min, max}) => [min, max])(window.studioRun.plots.success.scales.y)")
     assert y[0] <= 0.25 and y[1] >= 0.5 and y[1] - y[0] < 2
     _shot(page, "run")
+
+
+def _cancel(page, server: str, run: Run) -> None:
+    """Cancel a queued run from its page: the confirmation folds away by itself (errors would stay) and the
+    page says what the run kept and how to start again."""
+    page.goto(f"{server}/runs/{run.id}/")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("text=Cancel run")
+    page.wait_for_selector("#run-outcome")
+    message = page.locator("#messages .message").first
+    assert message.inner_text() == "Cancelled."
+    assert message.evaluate("m => getComputedStyle(m).animationName") == "message-done"
+    outcome = page.inner_text("#run-outcome")
+    assert "Cancelled at step 0" in outcome and "no checkpoint" in outcome and "Resume" not in outcome
 
 
 def _bank_page(page, server: str, run: Run) -> None:
