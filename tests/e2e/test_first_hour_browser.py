@@ -57,7 +57,7 @@ def _bank(run: Run) -> None:
         bank.add(run.pk, "MiniHack", title, content, vector, embedding_model=embedder.model_id, step=1)
 
 
-def test_a_new_users_first_hour_on_a_fresh_database(server, browser_page, alice):
+def test_a_new_users_first_hour_on_a_fresh_database(server, browser_page, alice, tmp_path):
     page = browser_page
     page.set_viewport_size(VIEWPORT)
     errors: list[str] = []
@@ -71,7 +71,12 @@ def test_a_new_users_first_hour_on_a_fresh_database(server, browser_page, alice)
 
     _committed_experiments(page, server)
     _missing_page(page, server)
-    cancelled = _run(alice, "room cancelled", "complementary", 0, steps=2, status=Run.Status.CANCELLED)
+    long_line = "step 2 · " + " ".join(f"metric/{i}=0.{i:03d}" for i in range(60))
+    (tmp_path / "log.txt").write_text("step 1 · train/success=0.25\n" + long_line + "\n")
+    cancelled = _run(
+        alice, "room cancelled", "complementary", 0, steps=2, status=Run.Status.CANCELLED,
+        checkpoint_dir=str(tmp_path),
+    )  # fmt: skip
     _bank(cancelled)
     _run_page(page, server, cancelled)
     _bank_page(page, server, cancelled)
@@ -115,6 +120,9 @@ def _run_page(page, server: str, run: Run) -> None:
     outcome = page.inner_text("#run-outcome")
     assert "Cancelled at step 2" in outcome and "2 bank entries" in outcome and "Clone this run" in outcome
     assert page.inner_text("#run-bank-size") == "2 entries"
+    log = page.locator("#run-log pre")
+    assert "metric/59=0.059" in log.inner_text()
+    assert log.evaluate("p => p.scrollWidth <= p.clientWidth")  # long lines wrap, nothing is cut
     # two points: drawn as dots, with a y range around them, not an empty frame
     for panel in ("success", "eval-success"):
         plot = f"window.studioRun.plots['{panel}']"
