@@ -25,9 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer import parallel
 from trainer.actor import ActorUpdate
 from trainer.cancel import CancelToken
-from trainer.checkpoint import CheckpointState, check_resumable, load_checkpoint, read_checkpoint
+from trainer.checkpoint import (
+    CheckpointState,
+    check_resumable,
+    load_checkpoint,
+    load_sharded_checkpoint,
+    read_checkpoint,
+)
 from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, work_left
 from trainer.config import ConfigError, ExtractorConfig, RunConfig
 from trainer.envs.base import make_mixture
@@ -37,7 +44,15 @@ from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
 from trainer.lora import apply_lora, has_adapter, load_adapter
 from trainer.models import load_causal_lm, load_tokenizer
-from trainer.report import ConsoleReporter, EpisodeLogReporter, JsonlReporter, Reporter, Reporters, RunClock
+from trainer.report import (
+    BaseReporter,
+    ConsoleReporter,
+    EpisodeLogReporter,
+    JsonlReporter,
+    Reporter,
+    Reporters,
+    RunClock,
+)
 from trainer.rollout.base import Engine, engine_from_config
 from trainer.rollout.runner import Retriever
 from trainer.store import ExperienceStore
@@ -89,17 +104,22 @@ def read_resume_point(cfg: RunConfig, resume: Path | None, out_dir: Path) -> Che
 
 
 def prepare_actor(
-    cfg: RunConfig, out_dir: Path, state: CheckpointState | None
+    cfg: RunConfig, out_dir: Path, state: CheckpointState | None, placement: parallel.Placement | None = None
 ) -> tuple[Any, Any, ActorUpdate]:
-    """Write the run's config, seed, load the actor (and its optimiser state when resuming)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    """Write the run's config, seed, load the actor (and its optimiser state when resuming) onto the
+    placement's device, sharded over its torchrun group if any (``trainer.parallel``)."""
+    placement = placement or parallel.init_distributed(cfg.device)
+    if parallel.is_main():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     seed_everything(cfg.seed)
     tokenizer = load_tokenizer(cfg.actor.model_path)
     model = apply_lora(load_causal_lm(cfg.actor.model_path), cfg.actor.lora)
+    model = parallel.parallelize(model, placement, activation_checkpointing=cfg.actor.gradient_checkpointing)
     actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
     if state is not None:
-        load_checkpoint(state, model=model, optimizer=actor.optimizer)
+        load = load_sharded_checkpoint if parallel.is_sharded(model) else load_checkpoint
+        load(state, model=model, optimizer=actor.optimizer)
     return tokenizer, model, actor
 
 
@@ -146,6 +166,24 @@ def build_extractor(
     return extractor, update
 
 
+def join_group(cfg: RunConfig) -> parallel.Placement:
+    """This process's device and place in its torchrun group, which must have ``cfg.nproc`` ranks."""
+    placement = parallel.init_distributed(cfg.device)
+    if placement.world_size != cfg.nproc:
+        raise ConfigError(
+            f"nproc is {cfg.nproc} but this run was started as {placement.world_size} process(es): start it "
+            f"with python -m trainer.train --nproc {cfg.nproc} (which launches torchrun), or set nproc to "
+            "torchrun's total number of processes"
+        )
+    if cfg.nproc > 1 and cfg.uses_experience:
+        raise ConfigError(
+            f"method {cfg.method!r} does not run on several processes yet (nproc {cfg.nproc}): the "
+            "experience bank, the extractor track and Search-and-Ask run in one process; use nproc = 1, or "
+            "method grpo"
+        )
+    return placement
+
+
 def train(
     cfg: RunConfig,
     *,
@@ -177,14 +215,17 @@ def train(
             "store (manage.py train makes one)"
         )
     make_mixture(cfg.env)  # an unknown env fails before anything loads
+    placement = join_group(cfg)
     state = read_resume_point(cfg, resume, out_dir)
-    tokenizer, model, actor = prepare_actor(cfg, out_dir, state)
+    tokenizer, model, actor = prepare_actor(cfg, out_dir, state, placement)
+    if not parallel.is_main():  # rank 0 alone writes files and reports
+        reporter = BaseReporter()
     with ExitStack() as owned:
         if engine is None:
             engine = build_engine(cfg)
             owned.callback(engine.close)
         sync_if_stale(actor, engine, state)
-        trackers = tracker_reporters(cfg, out_dir)
+        trackers = tracker_reporters(cfg, out_dir) if parallel.is_main() else []
         for tracker in trackers:
             owned.callback(tracker.close)
         common = dict(

@@ -240,3 +240,60 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def save_sharded_checkpoint(
+    out_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    engine_version: int,
+    elapsed_s: float,
+    config: RunConfig,
+) -> Path:
+    """``save_checkpoint`` for a model sharded over a torchrun group (every rank calls it): weights and
+    optimiser state in ``dcp/`` (each rank its shards), the whole actor as a Hugging Face folder too (any
+    engine or evaluation loads it), RNG states and ``state.json`` from rank 0. ``out_dir`` must be one
+    folder for every rank (on several nodes: a shared filesystem)."""
+    from trainer import parallel
+
+    final = checkpoint_dir(out_dir, step)
+    tmp = final.with_name(final.name + ".partial")
+    main = parallel.is_main()
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    parallel.barrier()
+    save_sharded(tmp / SHARDED_DIR, model, optimizer)
+    weights = parallel.full_state_dict(model)  # a collective: every rank gathers, rank 0 writes
+    if main:
+        model.save_pretrained(tmp / "actor", state_dict=weights, safe_serialization=True)
+        tokenizer.save_pretrained(tmp / "actor")
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        torch.save(rng, tmp / "rng.pt")
+        state = dict(step=step, engine_version=engine_version, elapsed_s=elapsed_s, config=config.to_dict())
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    parallel.barrier()
+    return final
+
+
+def load_sharded_checkpoint(
+    state: CheckpointState, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """``load_checkpoint`` for a sharded model (every rank calls it): its ``dcp/`` folder, resharded to
+    this group, and rank 0's RNG states."""
+    folder = state.path / SHARDED_DIR
+    if not folder.is_dir():
+        raise ValueError(
+            f"checkpoint {state.path} has no {SHARDED_DIR}/ folder: it was saved by one process; resume it "
+            "with nproc = 1"
+        )
+    load_sharded(folder, model, optimizer)
+    rng = torch.load(state.path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])

@@ -21,16 +21,17 @@ from typing import Any
 
 import torch
 
+from trainer import parallel
 from trainer.actor import ActorUpdate
 from trainer.cancel import Cancelled, CancelToken
-from trainer.checkpoint import prune_checkpoints, save_checkpoint
+from trainer.checkpoint import prune_checkpoints, save_checkpoint, save_sharded_checkpoint
 from trainer.config import RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
 from trainer.memory import release_freed_memory, resident_gib
 from trainer.report import Reporter, RunClock
 from trainer.rollout.base import Engine
-from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
+from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever, ShardedRunner
 
 Metrics = dict[str, float]
 
@@ -111,8 +112,10 @@ class TrainingLoop:
         self.actor.cancel = self.cancel
         self.cancelled = False
         self.checkpointed_at = time.monotonic()
-        self.runner = EpisodeRunner(self.engine, self.tokenizer, temperature=r.temperature, **options)
-        self.eval_runner = EpisodeRunner(self.engine, self.tokenizer, split="eval", **options)
+        # each rank of a torchrun group plays its share of the episodes and receives all of them
+        train = EpisodeRunner(self.engine, self.tokenizer, temperature=r.temperature, **options)
+        self.runner = ShardedRunner(train)
+        self.eval_runner = ShardedRunner(EpisodeRunner(self.engine, self.tokenizer, split="eval", **options))
         self.last_checkpoint: Path | None = None
 
     def run(self) -> Metrics:
@@ -126,7 +129,7 @@ class TrainingLoop:
             for step in range(self.start_step, cfg.steps + 1):
                 last |= self.train_step(step)
                 self.cancel.check()
-                stopping = self.reporter.should_stop()
+                stopping = parallel.any_rank(self.reporter.should_stop())  # every rank stops together
                 evaluates = step == cfg.steps or stopping or (cfg.eval_every and step % cfg.eval_every == 0)
                 if evaluates:
                     last |= self.evaluate(step)
@@ -144,7 +147,7 @@ class TrainingLoop:
     def checkpoint_due(self, step: int) -> bool:
         every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
         overdue = minutes > 0 and time.monotonic() - self.checkpointed_at >= 60 * minutes
-        return bool(every and step % every == 0) or overdue
+        return bool(every and step % every == 0) or parallel.any_rank(overdue)  # clocks differ by rank
 
     def train_step(self, step: int) -> Metrics:
         t0 = time.perf_counter()
@@ -171,6 +174,8 @@ class TrainingLoop:
         return metrics
 
     def checkpoint(self, step: int) -> Path:
+        if parallel.is_sharded(self.model):
+            return self._checkpoint_sharded(step)
         self.last_checkpoint = save_checkpoint(
             self.out_dir,
             step,
@@ -184,6 +189,23 @@ class TrainingLoop:
         )
         self.checkpointed_at = time.monotonic()
         prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
+        return self.last_checkpoint
+
+    def _checkpoint_sharded(self, step: int) -> Path:
+        """Every rank writes its shards (``trainer.checkpoint.save_sharded_checkpoint``); rank 0 prunes."""
+        self.last_checkpoint = save_sharded_checkpoint(
+            self.out_dir,
+            step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.actor.optimizer,
+            engine_version=self.engine.weight_version,
+            elapsed_s=self.clock(),
+            config=self.cfg,
+        )
+        self.checkpointed_at = time.monotonic()
+        if parallel.is_main():
+            prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
         return self.last_checkpoint
 
     def save_more(self, folder: Path) -> None:

@@ -216,6 +216,47 @@ def named_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.T
         yield name, full_tensor(p.detach())
 
 
+def is_main() -> bool:
+    """Rank 0 (or the one process): the rank that writes files, reports and talks to the database."""
+    return _rank_and_world()[0] == 0
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is set on any rank: decisions that every rank must take together (stop, save)."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return flag
+    nccl = dist.get_backend() == "nccl"  # whose collectives take tensors on this rank's GPU only
+    t = torch.tensor([float(flag)], device=torch.cuda.current_device() if nccl else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def rank_share(items: Sequence[T]) -> list[T]:
+    """This rank's share of ``items``: every world_size-th, starting at its rank."""
+    rank, world = _rank_and_world()
+    return list(items[rank::world])
+
+
+def gather_shares(share: list[T], total: int) -> list[T]:
+    """Every rank's ``rank_share`` result, back in the order of the items they came from (a collective:
+    ``all_gather_object``, so every rank holds the whole list afterwards)."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return share
+    parts: list[list[T] | None] = [None] * world
+    dist.all_gather_object(parts, share)
+    whole: list = [None] * total
+    for r, part in enumerate(parts):
+        whole[r::world] = part
+    return whole
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def destroy() -> None:
     """Leave the process group at the end of a run (torchrun warns otherwise)."""
     if dist.is_available() and dist.is_initialized():

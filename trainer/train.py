@@ -3,6 +3,12 @@
     python -m trainer.train --config cpu --env MiniHack-Room-5x5 --method grpo --steps 20 \\
         --set actor.lr=2e-5 --out var/runs/room5
     python -m trainer.train --resume var/runs/room5 --steps 40      # continue the same run
+    python -m trainer.train --config cpu --method grpo --nproc 2       # one run, 2 processes (torchrun)
+
+With ``--nproc N`` (or ``nproc`` in the config) above 1 this process starts ``torchrun`` with the same
+arguments (``launch``); each of its ranks runs this module again, finds itself in the group and trains its
+share (``trainer.parallel``). On several nodes, start torchrun on each node yourself, with ``--nproc`` the
+total number of processes (see the README's "Scaling out").
 
 ``manage.py train`` takes the same arguments (``webapp/management/commands/train.py``). This module is only
 the entry point: ``trainer.assemble`` builds the run.
@@ -11,6 +17,8 @@ the entry point: ``trainer.assemble`` builds the run.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -50,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", type=Path, help="a checkpoint folder, or a run folder to resume its latest"
     )
     parser.add_argument("--out", type=Path, help="run folder for checkpoints and metrics [var/runs/<time>]")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="training processes (sets nproc): above 1, torchrun starts them on this machine [1]",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -61,7 +74,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg = read_checkpoint(args.resume).config
     else:
         cfg = get_preset("cpu")
-    overrides = {k: v for k, v in (("env", args.env), ("method", args.method), ("steps", args.steps)) if v}
+    flags = (("env", args.env), ("method", args.method), ("steps", args.steps), ("nproc", args.nproc))
+    overrides = {k: v for k, v in flags if v}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
@@ -70,16 +84,69 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg.with_overrides(**overrides) if overrides else cfg
 
 
-def run_from_args(args: argparse.Namespace, stdout: IO[str] | None = None) -> Metrics:
-    cfg = config_from_args(args)
+def out_dir_from_args(args: argparse.Namespace) -> Path:
+    """The run folder: ``--out``, the run folder being resumed, or a new one named by the time."""
     out = args.out
     if out is None:
         out = args.resume if args.resume and not (Path(args.resume) / "state.json").exists() else None
-    out = out or paths.var_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    reporter = file_reporters(Path(out), ConsoleReporter(stdout))
-    metrics, loop = train(cfg, out_dir=Path(out), resume=args.resume, reporter=reporter)
-    print(f"run folder: {out}; last checkpoint: {loop.last_checkpoint}", file=stdout or sys.stdout)
+    return Path(out or paths.var_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S"))
+
+
+def run_from_args(args: argparse.Namespace, stdout: IO[str] | None = None) -> Metrics:
+    from trainer import parallel
+
+    cfg = config_from_args(args)
+    out = out_dir_from_args(args)
+    reporter = file_reporters(out, ConsoleReporter(stdout)) if is_rank_zero() else None
+    try:
+        metrics, loop = train(cfg, out_dir=out, resume=args.resume, reporter=reporter)
+    finally:
+        parallel.destroy()
+    if is_rank_zero():
+        print(f"run folder: {out}; last checkpoint: {loop.last_checkpoint}", file=stdout or sys.stdout)
     return metrics
+
+
+# ---- many processes (torchrun) --------------------------------------------------------------------
+
+
+def in_torchrun() -> bool:
+    """This process is a rank that torchrun started (it sets TORCHELASTIC_RUN_ID for every rank)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def torchrun_command(argv: Sequence[str], nproc: int, out: Path, module: str = "trainer.train") -> list[str]:
+    """``torchrun --standalone --nproc-per-node N -m trainer.train ARGV --out OUT`` with this Python: every
+    rank gets the same arguments and one run folder (a default one is named by the time, which differs
+    by rank)."""
+    argv = _without_nproc(argv) + ["--set", f"nproc={nproc}"]  # torchrun's parser takes --nproc as its own
+    if "--out" not in argv:
+        argv += ["--out", str(out)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*launcher, "-m", module, *argv]
+
+
+def _without_nproc(argv: Sequence[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--nproc="):
+            skip = False
+            continue
+        skip = arg == "--nproc"
+        if not skip:
+            out.append(arg)
+    return out
+
+
+def launch(argv: Sequence[str], nproc: int, out: Path) -> int:
+    """Train on ``nproc`` processes of this machine through torchrun; its exit code (0: every rank ended
+    well; torchrun stops the others when one fails)."""
+    env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(torchrun_command(argv, nproc, out), env=env).returncode
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        cfg = config_from_args(args)
+        if cfg.nproc > 1 and not in_torchrun():
+            return launch(sys.argv[1:] if argv is None else argv, cfg.nproc, out_dir_from_args(args))
         run_from_args(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

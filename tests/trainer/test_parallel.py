@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer.tiny_models import tiny_llama_folder
 from trainer import parallel
 
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -22,12 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
-def _run(out: Path, mode: str, nproc: int) -> dict:
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random-initialised 2-layer Llama with SmolLM2's tokenizer and chat template (no download)."""
+    return tiny_llama_folder(tmp_path_factory.mktemp("tiny"))
+
+
+def _run(out: Path, mode: str, nproc: int, *more: str) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     done = subprocess.run(
-        [*launcher, str(WORKER), mode, str(out)], env=ENV, capture_output=True, text=True, timeout=600
+        [*launcher, str(WORKER), mode, str(out), *more], env=ENV, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return torch.load(out / f"{mode}-{nproc}.pt", weights_only=False)
@@ -75,3 +83,15 @@ def test_rank_micro_batches_cover_every_item_once_in_equal_numbers_of_micro_batc
     assert sorted(i for share in shares for mb in share for i in mb) == items
     assert len({len(share) for share in shares}) == 1  # every rank joins every collective
     assert all(len(mb) <= size for share in shares for mb in share)
+
+
+def test_each_rank_samples_its_share_of_the_episodes_as_a_single_engine_does(tmp_path, tiny_model):
+    """A vLLM engine per rank (external launcher inside the torchrun group), the same request seeds."""
+    one = _run(tmp_path / "one", "rollouts", 1, str(tiny_model))
+    two = _run(tmp_path / "two", "rollouts", 2, str(tiny_model))
+    assert len(one["specs"]) == 8 and two["specs"] == one["specs"]
+    assert len({s.sample_seed for s in one["specs"]}) == 8
+    assert two["ids"] == one["ids"] and two["actions"] == one["actions"]
+    assert len({tuple(a) for a in one["actions"]}) > 1  # sampled: the seeds differ, so do the episodes
+    flat = lambda runs: [x for ep in runs for seg in ep for x in seg]  # noqa: E731
+    assert max(abs(a - b) for a, b in zip(flat(two["logprobs"]), flat(one["logprobs"]), strict=True)) < 1e-5

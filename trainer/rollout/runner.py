@@ -415,3 +415,24 @@ class EpisodeRunner:
             for env in pool:
                 env.close()
         self._pool.clear()
+
+
+class ShardedRunner:
+    """An ``EpisodeRunner`` for one rank of a torchrun group (``trainer.parallel``): each rank plays its
+    share of the specs (every world_size-th) on its own engine, then the episodes are gathered so that every
+    rank holds the whole batch, in the order of ``specs``. A spec carries its sample seed, so where an
+    episode is played does not change it. One process: the inner runner as is."""
+
+    def __init__(self, inner: EpisodeRunner) -> None:
+        self.inner = inner
+
+    def run(self, specs: Sequence[EpisodeSpec], **options: Any) -> tuple[list[Episode], RolloutStats]:
+        """``EpisodeRunner.run`` over the whole group. The stats are this rank's, but for ``episodes``."""
+        from trainer import parallel  # torch.distributed: only where a run trains
+
+        episodes, stats = self.inner.run(parallel.rank_share(specs), **options)
+        stats.episodes = len(specs)
+        return parallel.gather_shares(episodes, len(specs)), stats
+
+    def close(self) -> None:
+        self.inner.close()

@@ -111,6 +111,11 @@ class VLLMEngine(Engine):
             options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         elif not on_cpu:
             options["gpu_memory_utilization"] = gpu_memory_utilization
+        if _in_torchrun_group():
+            # one engine per rank beside its trainer (TRL's colocate mode): vLLM joins the process group
+            # torchrun made instead of starting its own; with tensor_parallel_size 1 every rank is an
+            # independent data-parallel engine. Closing it destroys that group (``trainer.parallel``).
+            options.setdefault("distributed_executor_backend", "external_launcher")
         with _ENGINE_LOCK:
             try:
                 self._llm = LLM(**options)
@@ -219,6 +224,13 @@ class VLLMEngine(Engine):
                 engine_core.cleanup_dist_env_and_memory = teardown
         del llm
         gc.collect()
+
+
+def _in_torchrun_group() -> bool:
+    """This process is one rank of a torch.distributed group of several (``trainer.parallel``)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _cleanup_if_last() -> None:
