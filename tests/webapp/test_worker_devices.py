@@ -10,6 +10,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from tests.conftest import wait_for, workers_running
 from trainer.config import get_preset
@@ -177,3 +178,9 @@ def test_a_real_training_worker_registers_its_devices_consumes_its_own_queue_and
         and "GB per device; the worker has 1 × 4 GB RAM" in run.error
     )
     assert live_workers() == []  # it took its record out when it stopped
+
+
+def test_up_refuses_a_malformed_worker_devices_description_before_starting_anything(monkeypatch):
+    monkeypatch.setenv(DEVICES_ENV, "")  # restored afterwards: --worker-devices sets it for the workers
+    with pytest.raises(CommandError, match="STUDIO_WORKER_DEVICES: devices must read like 8x80GB, cpu:24GB"):
+        call_command("up", "--worker-devices", "lots of GPUs")
