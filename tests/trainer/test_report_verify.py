@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.test_experiments import write_fake_grid
 from trainer.experiments.report import build_report
-from trainer.experiments.summary import SUMMARY_FILE, compare_readme, readme_blocks, verify
+from trainer.experiments.summary import SUMMARY_FILE, compare_readme, include_summary, readme_blocks, verify
 
 REPO = Path(__file__).resolve().parents[2]
 GRIDS = ("room-random", "room-5x5")
@@ -60,3 +60,17 @@ def test_a_readme_whose_block_is_stale_or_missing_fails(tmp_path):
     assert compare_readme(readme, "other/summary.md", summary) == [
         f"{readme}: no '<!-- BEGIN generated: other/summary.md -->' block: include the summary"
     ]
+
+
+def test_the_report_refreshes_only_the_readmes_block_of_its_summary(tmp_path):
+    readme = tmp_path / "README.md"
+    other = "<!-- BEGIN generated: b/summary.md -->\nkept\n<!-- END generated -->\n"
+    readme.write_text(
+        f"# x\n<!-- BEGIN generated: a/summary.md -->\nold 0.5\n<!-- END generated -->\n{other}tail\n"
+    )
+    assert include_summary(readme, "a/summary.md", "new 0.6\n")
+    assert (
+        readme.read_text()
+        == f"# x\n<!-- BEGIN generated: a/summary.md -->\nnew 0.6\n<!-- END generated -->\n{other}tail\n"
+    )
+    assert not include_summary(readme, "c/summary.md", "x\n")

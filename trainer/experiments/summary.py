@@ -117,10 +117,11 @@ def arm_lines(runs: Sequence[RunResult]) -> list[str]:
             if values:
                 parts.append(f"{_iv(values)} {label} (per seed {', '.join(_fmt(v) for v in values)})")
         spread = final_values(rs, "eval/success")
-        lines.append(
-            f"- {arm}, final success over {len(rs)} seeds (mean ± 95% t): {'; '.join(parts)}; "
-            f"seed spread {_fmt(max(spread) - min(spread))}."
-        )
+        if spread:
+            lines.append(
+                f"- {arm}, final success over {len(rs)} seeds (mean ± 95% t): {'; '.join(parts)}; "
+                f"seed spread {_fmt(max(spread) - min(spread))}."
+            )
     for arm, rs in list(arms.items())[1:]:
         for col, label in (("", "without"), (WITH, "with")):
             values = final_values(rs, f"eval/{col}success")
@@ -195,25 +196,38 @@ def pairing_lines(runs: Sequence[RunResult]) -> list[str]:
     ]
 
 
+def conditions_table(runs: Sequence[RunResult]) -> str:
+    """Per cell: the commit and CPU it ran under, its training time, its wall time and its interruptions."""
+    rows = []
+    for r in runs:
+        c = conditions(r.cell)
+        t = time_account(list(r.train.values()) + list(r.evals.values()), r.cell)
+        pauses = ", ".join(hours(g) for _, g in t["interruptions"]) or "none"
+        cell = r.cell.get("cell") or r.slug
+        rows.append(
+            [cell, c["commit"], c["cpu"], c["native bf16"], hours(t["trained"]), hours(t["wall"]), pauses]
+        )
+    header = ["cell", "commit", "CPU", "native bf16", "trained (steps + evals)", "wall", "interruptions"]
+    return _table(header, rows)
+
+
 def cost_lines(runs: Sequence[RunResult]) -> list[str]:
+    """The extractor's tokens beside the actor's per arm, and whether the conditions were held constant
+    (the training times are in ``conditions_table``)."""
     lines = []
     for arm, rs in by_arm(runs).items():
         costs = [cost_row(r) for r in rs]
-        trained = [c["step time"] + c["evaluation"] for c in costs]
         actor = sum(c["actor tokens"] for c in costs)
         extractor = sum(c["extractor tokens"] for c in costs)
-        ratio = f"; the extractor generated {extractor / actor:.1f}× the actor's tokens" if extractor else ""
-        cpus = mixed([conditions(r.cell)["cpu"] for r in rs])
-        note = f" (CPU {cpus})" if cpus else ""
-        each = ", ".join(hours(t) for t in trained)
-        lines.append(f"- {arm}: training time per cell (steps + evals) {each}{note}{ratio}.")
-    walls = [time_account(list(r.train.values()) + list(r.evals.values()), r.cell) for r in runs]
-    paused = sum(1 for t in walls if t["interruptions"])
+        if extractor and actor:
+            lines.append(f"- {arm}: the extractor generated {extractor / actor:.1f}× the actor's tokens.")
+    accounts = [time_account(list(r.train.values()) + list(r.evals.values()), r.cell) for r in runs]
+    paused = sum(1 for t in accounts if t["interruptions"])
     commits = mixed([conditions(r.cell)["commit"] for r in runs])
     cpus = mixed([conditions(r.cell)["cpu"] for r in runs])
     lines.append(
         f"- Conditions: commit {commits or 'one for all cells'}; CPU {cpus or 'one kind'}; {paused} of "
-        f"{len(runs)} cells were interrupted between rows (report: Conditions and time)."
+        f"{len(runs)} cells were interrupted between rows. Compare cost on training time, never wall time."
     )
     return lines
 
@@ -237,6 +251,8 @@ def summary_md(folder: Path, runs: Sequence[RunResult]) -> str:
             for line in signal_rate_lines([r for r in runs if r.uses_experience and not _frozen(r)])
         ),
         *cost_lines(runs),
+        "",
+        conditions_table(runs),
         "",
     ]
     return "\n".join(parts)
@@ -278,6 +294,18 @@ def compare_reports(committed: Path, rebuilt: Path) -> list[str]:
 def readme_blocks(readme: Path) -> dict[str, str]:
     """The generated blocks of a README: the path each includes → its text."""
     return {m["path"]: m["body"] for m in MARK.finditer(readme.read_text(encoding="utf-8"))}
+
+
+def include_summary(readme: Path, summary_path: str, summary: str) -> bool:
+    """Put ``summary`` into the README's block of ``summary_path`` (only between its markers); False when
+    the README has no such block."""
+    text = readme.read_text(encoding="utf-8")
+    begin = f"<!-- BEGIN generated: {summary_path} -->\n"
+    block = re.compile(re.escape(begin) + r".*?<!-- END generated -->", re.DOTALL)
+    if not block.search(text):
+        return False
+    readme.write_text(block.sub(lambda _: f"{begin}{summary}<!-- END generated -->", text), encoding="utf-8")
+    return True
 
 
 def compare_readme(readme: Path, summary_path: str, summary: str) -> list[str]:

@@ -109,6 +109,21 @@ class Command(BaseCommand):
             raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
         out = build_report(folder, out_dir=options["out"])
         self._say(f"report: {out / 'report.md'}")
+        if options["out"] is None:
+            self._include_summary(options["name"], out)
+
+    def _include_summary(self, name: str, report: Path) -> None:
+        """Refresh the README's generated block of this experiment's summary, where it has one."""
+        from django.conf import settings
+
+        from trainer.experiments.summary import SUMMARY_FILE, include_summary
+
+        readme = Path(settings.BASE_DIR) / "README.md"
+        block = f"docs/experiments/{name}/report/{SUMMARY_FILE}"
+        if readme.exists() and include_summary(
+            readme, block, (report / SUMMARY_FILE).read_text(encoding="utf-8")
+        ):
+            self._say(f"README: its block of {block} now holds the summary")
 
     def _verify(self, options) -> None:
         from django.conf import settings
@@ -129,6 +144,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{options['name']}: the committed report or the README differs from the report rebuilt from "
                 f"{folder / 'runs'} ({len(differences)} lines below); rebuild it with 'experiment report "
-                f"{options['name']}' and copy {block} into the README's block:\n" + "\n".join(differences)
+                f"{options['name']}' (it also refreshes the README's block of {block}):\n"
+                + "\n".join(differences)
             )
         self._say(f"{options['name']}: the committed report and the README's summary match the run files")
