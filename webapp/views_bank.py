@@ -243,12 +243,26 @@ def bank_prune_undo(request: HttpRequest, run_id: int) -> HttpResponse:
 
 def bank_merges(request: HttpRequest, run_id: int) -> HttpResponse:
     run = run_get(request.user, run_id)
-    merges = bank_selectors.merge_list(run)[:200]
-    return render(
-        request,
-        "webapp/bank_merges.html",
-        {"run": run, "merges": merges, "can_edit": can_edit_bank(request.user, run)},
+    merges = list(bank_selectors.merge_list(run)[:200])
+    context = {
+        "run": run, "merges": merges, "can_edit": can_edit_bank(request.user, run),
+        "undoable": undoable_merges(merges),
+    }  # fmt: skip
+    return render(request, "webapp/bank_merges.html", context)
+
+
+def undoable_merges(merges: list[Merge]) -> set[int]:
+    """The merges whose Undo would work now: changed something, not undone, and every entry they touched
+    still as they left it (one query for the page)."""
+    candidates = [m.pk for m in merges if m.undone_at is None and m.decision == "changed"]
+    rows = (
+        ExperienceChange.objects.filter(merge_id__in=candidates)
+        .order_by("id")
+        .values_list("merge_id", "experience_id", "after__version", "experience__version")
     )
+    last = {(merge, entry): left == now for merge, entry, left, now in rows}
+    stale = {merge for (merge, _), latest in last.items() if not latest}
+    return {pk for pk in candidates if pk not in stale}
 
 
 @require_POST

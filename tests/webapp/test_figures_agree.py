@@ -14,7 +14,7 @@ from django.urls import reverse
 from experience import bank
 from experience import services as bank_services
 from experience.embedding import default_embedder
-from experience.models import Experience, ExperienceChange, ImportJob
+from experience.models import Experience, ExperienceChange, ImportJob, Merge
 from webapp.models import MetricRow, Run
 
 pytestmark = pytest.mark.django_db
@@ -117,3 +117,24 @@ def test_undo_is_offered_only_on_the_latest_change_and_a_refusal_says_what_to_do
     page = client.post(reverse("bank_undo", args=[run.id, add.pk]), follow=True).content.decode()
     assert "cannot be undone" in page and "undo the later changes first" in page
     assert "changed after change #" not in page and "lesson v2" in page
+
+
+def test_a_merge_is_offered_for_undo_only_while_its_entries_are_as_it_left_them(
+    client, editor, run, embedder
+):
+    entry = _add(run, "lesson", embedder)
+    merge = Merge.objects.create(
+        run=run, scope="MiniHack", step=1, decision="changed", inputs=[{"id": entry.id}]
+    )
+    vector = embedder.embed_one("merged")
+    kind = ExperienceChange.Kind.MERGE_REWRITE
+    bank.update(entry.pk, "merged", "both", vector, embedding_model=embedder.model_id, step=1,
+                actor=ExperienceChange.Actor.MERGE, kind=kind, merge=merge)  # fmt: skip
+    client.force_login(editor)
+    url = reverse("bank_merges", args=[run.id])
+    assert ">Undo merge</button>" in client.get(url).content.decode()
+    _update(entry, embedder)  # a later change of its entry: undoing the merge would be refused
+    page = client.get(url).content.decode()
+    assert ">Undo merge</button>" not in page and "undo the later changes first" in page
+    entry_page = client.get(reverse("bank_entry", args=[run.id, entry.id])).content.decode()
+    assert entry_page.count(">Undo</button>") == 1  # the newest change only
