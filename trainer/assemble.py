@@ -42,7 +42,7 @@ from trainer.experiments.files import FAILURES_FILE
 from trainer.extractor.model import Extractor
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
-from trainer.lora import apply_lora, has_adapter, load_adapter
+from trainer.lora import apply_lora, frozen_in, has_adapter, load_adapter
 from trainer.models import load_causal_lm, load_tokenizer
 from trainer.report import (
     BaseReporter,
@@ -116,6 +116,7 @@ def prepare_actor(
     tokenizer = load_tokenizer(cfg.actor.model_path)
     model = apply_lora(load_causal_lm(cfg.actor.model_path), cfg.actor.lora)
     model = parallel.parallelize(model, placement, activation_checkpointing=cfg.actor.gradient_checkpointing)
+    model = frozen_in(model, placement.param_dtype)  # a LoRA actor's frozen base: bf16 on CUDA
     actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
     if state is not None:
         load = load_sharded_checkpoint if parallel.is_sharded(model) else load_checkpoint

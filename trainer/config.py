@@ -4,7 +4,7 @@ A run stores its config as a dict (``to_dict``, JSON-safe) and rebuilds it with 
 or TOML, optionally starting from a ``preset``) load with ``RunConfig.from_file``; ``with_overrides`` changes
 dotted keys (``{"actor.lr": 1e-5}``). Every value is checked when the object is built, with a message that
 names the key. Defaults in the fields are the paper's values where the paper gives one; ``PRESETS`` holds
-the named starting points (``paper``, ``cpu``).
+the named starting points (``cpu``, ``gpu-1``, ``paper``).
 """
 
 from __future__ import annotations
@@ -536,6 +536,12 @@ class RunConfig(_Section):
         )
         _at_least("nproc", self.nproc, 1)
         _at_most("nproc", self.nproc, 1024)
+        for role in ("actor", "extractor"):
+            _require(
+                not getattr(self, role).lora.enabled or self.nproc == 1,
+                f"{role}.lora trains in one process (nproc 1 is the LoRA path, got nproc {self.nproc}): set "
+                f"{role}.lora.rank = 0 to shard the full model with FSDP, or nproc = 1",
+            )
         _at_least("eval_every", self.eval_every, 0)
         _at_least("eval_episodes", self.eval_episodes, 1)
         _at_most("eval_episodes", self.eval_episodes, 100_000)
@@ -665,13 +671,6 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 # ---- presets --------------------------------------------------------------------------------------
 
 PRESETS: dict[str, RunConfig] = {
-    # The paper's setting: 7B actor, 4B extractor, 3-task mixture, paper hyper-parameters (GPU machines).
-    "paper": RunConfig(
-        env="3-task",
-        actor=ActorConfig(model_path="Qwen/Qwen2.5-7B-Instruct", lr=1e-6),
-        extractor=ExtractorConfig(model_path="Qwen/Qwen3-4B", lr=1e-6, buffer_size=64),
-        rollout=RolloutConfig(max_new_tokens=512, context_tokens=16384, kv_cache_gib=40.0),
-    ),
     # One CPU machine: SmolLM2-135M for both models, K = 8 split 4 + 4, short episodes, a small buffer.
     "cpu": RunConfig(
         env="MiniHack-Room-5x5",
@@ -698,6 +697,41 @@ PRESETS: dict[str, RunConfig] = {
         ),
         experience=ExperienceConfig(warmup_steps=2, capacity=2000),
         rollout=RolloutConfig(max_new_tokens=48, turn_limit=8, context_tokens=2048, kv_cache_gib=1.0),
+    ),
+    # One GPU of 80-141 GB: the paper's models, each as a rank-16 LoRA adapter on every linear layer over a
+    # frozen bf16 base (trainer.lora), ~73 GB by the plan (full fine-tunes of both: ~176 GB). LoRA's learning
+    # rate is ~10x full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
+    "gpu-1": RunConfig(
+        env="3-task",
+        device="cuda",
+        actor=ActorConfig(
+            model_path="Qwen/Qwen2.5-7B-Instruct",
+            lr=1e-5,
+            micro_batch_size=1,
+            lora=LoraConfig(rank=16, alpha=32.0),
+        ),
+        extractor=ExtractorConfig(
+            model_path="Qwen/Qwen3-4B",
+            lr=1e-5,
+            buffer_size=64,
+            micro_batch_size=1,
+            kv_cache_gib=3.0,
+            lora=LoraConfig(rank=16, alpha=32.0),
+        ),
+        rollout=RolloutConfig(max_new_tokens=512, context_tokens=8192, kv_cache_gib=6.0),
+    ),
+    # The paper's setting: 7B actor, 4B extractor, 3-task mixture, paper hyper-parameters, full fine-tunes
+    # sharded with FSDP2 over one node of 8 GPUs of 80 GB. Sized by trainer.plan (manage.py plan --config
+    # paper --devices 8x80GB): ~76 GB per GPU at 8,192 context tokens; 16,384 would need ~91 GB, most of
+    # it the output layer's log-softmax over ~12k own tokens × 152k vocabulary (kept for the backward).
+    "paper": RunConfig(
+        env="3-task",
+        nproc=8,
+        actor=ActorConfig(model_path="Qwen/Qwen2.5-7B-Instruct", lr=1e-6, micro_batch_size=1),
+        extractor=ExtractorConfig(
+            model_path="Qwen/Qwen3-4B", lr=1e-6, buffer_size=64, micro_batch_size=1, kv_cache_gib=4.0
+        ),
+        rollout=RolloutConfig(max_new_tokens=512, context_tokens=8192, kv_cache_gib=8.0),
     ),
 }
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainer.config import PRESETS, ConfigError, RunConfig
+from trainer.config import PRESETS, ConfigError, LoraConfig, RunConfig
 
 GiB = 2**30
 GB = 10**9
@@ -198,12 +198,12 @@ def model_shape(model_path: str) -> ModelShape:
     raise PlanError(f"no config.json for {model_path!r} here and no shipped shape (known: {known})")
 
 
-@dataclass(frozen=True)
-class Lora:
-    """A LoRA adapter to plan for (no LoRA fields in the config yet: ``plan_run`` takes it as a parameter)."""
-
-    rank: int = 16
-    targets: tuple[str, ...] = LORA_TARGETS
+def lora_targets(lora: LoraConfig) -> tuple[str, ...]:
+    """The layers a ``LoraConfig`` adapts: PEFT's ``all-linear`` is every linear layer of a decoder layer
+    (the output layer is left out), else the names it lists."""
+    if lora.target_modules == "all-linear":
+        return LORA_TARGETS
+    return tuple(lora.target_modules.split(","))
 
 
 # ---- devices --------------------------------------------------------------------------------------
@@ -292,7 +292,8 @@ class Plan:
         if devices.kind != self.kind:
             return f"it is planned for {self.kind} devices, the worker has {devices.kind}"
         if devices.count < self.nproc:
-            return f"it needs {self.nproc} devices, the worker has {devices.count}"
+            each = f"{_gb(self.device_bytes())} per device on {self.nproc}; {devices.describe()}"
+            return f"it needs {self.nproc} devices, the worker has {devices.count} ({each})"
         if self.device_bytes() > devices.memory:
             return f"it needs {_gb(self.device_bytes())} per device; the worker has {devices.describe()}"
         if devices.kind == "cuda" and devices.host is not None and self.host_bytes() > devices.host:
@@ -315,16 +316,11 @@ class Plan:
         return "\n".join(rows + list(self.notes))
 
 
-def plan_run(
-    cfg: RunConfig,
-    devices: Devices | None = None,
-    *,
-    nproc: int = 1,
-    actor_lora: Lora | None = None,
-    extractor_lora: Lora | None = None,
-) -> Plan:
-    """The plan of ``cfg`` on ``nproc`` devices like ``devices`` (default: this machine)."""
+def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | None = None) -> Plan:
+    """The plan of ``cfg`` on ``nproc`` (default: ``cfg.nproc``) devices like ``devices`` (default: this
+    machine). LoRA comes from the config (``actor.lora``, ``extractor.lora``)."""
     devices = devices or Devices.this_machine()
+    nproc = cfg.nproc if nproc is None else nproc
     if nproc < 1:
         raise PlanError(f"nproc must be at least 1 (got {nproc})")
     kind = devices.kind
@@ -332,15 +328,11 @@ def plan_run(
     extractor = model_shape(cfg.extractor.model_path)
     parts: list[Part] = []
     if cfg.actor_trains:
-        parts += _trainer_parts(
-            "actor", actor, cfg.actor, _actor_seq(cfg), _actor_own(cfg), kind, nproc, actor_lora
-        )
+        parts += _trainer_parts("actor", actor, cfg.actor, _actor_seq(cfg), _actor_own(cfg), kind, nproc)
     if cfg.extractor_trains:
         x_seq = _extractor_seq(cfg)
         x_own = cfg.extractor.max_new_tokens
-        parts += _trainer_parts(
-            "extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc, extractor_lora
-        )
+        parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc)
     parts += _engine_parts("actor", actor, cfg, cfg.rollout.kv_cache_gib, kind, _live_per_rank(cfg, nproc))
     if cfg.uses_experience:
         x_cache = cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib
@@ -357,14 +349,16 @@ def plan_run(
 # ---- trained models -------------------------------------------------------------------------------
 
 
-def _trainer_parts(role, shape, section, seq, own, kind, nproc, lora) -> list[Part]:
+def _trainer_parts(role, shape, section, seq, own, kind, nproc) -> list[Part]:
     P = shape.params()
-    if lora is None:
+    lora = section.lora
+    if not lora.enabled:
         # CPU: fp32 weights, grads, two moments; accelerator: bf16 weights + grads, fp32 master + moments
         weights, states = (4 * P, 12 * P) if kind == "cpu" else (2 * P, 14 * P)
         parts = [Part(f"{role}: weights", weights // nproc), Part(f"{role}: grads + AdamW", states // nproc)]
     else:
-        adapter = shape.lora_params(lora.rank, lora.targets)
+        adapter = shape.lora_params(lora.rank, lora_targets(lora))
+        # frozen base weights in the compute dtype: float32 on CPU, bfloat16 on CUDA (trainer.lora.frozen_in)
         base_bytes = 4 if kind == "cpu" else 2
         parts = [
             Part(f"{role}: frozen weights", base_bytes * P // nproc),
@@ -491,9 +485,12 @@ def _rollout_seconds(episodes: int, cfg: RunConfig, shape: ModelShape, kind: str
     return 2 * shape.params() * generated / FLOPS[kind]["rollout"] / nproc
 
 
-def _update_seconds(tokens: float, shape: ModelShape, checkpointing: bool, kind: str, nproc: int) -> float:
-    cost = CHECKPOINTING_COST if checkpointing else 1.0
-    return 6 * shape.params() * tokens * cost / FLOPS[kind]["update"] / nproc
+def _update_seconds(tokens: float, shape: ModelShape, section, kind: str, nproc: int) -> float:
+    """6·P FLOPs a trained token (forward 2·P, backward 4·P); a LoRA model's backward skips the frozen
+    weights' gradients (half of it), 4·P."""
+    cost = CHECKPOINTING_COST if section.gradient_checkpointing else 1.0
+    flops = 4 if section.lora.enabled else 6
+    return flops * shape.params() * tokens * cost / FLOPS[kind]["update"] / nproc
 
 
 def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind: str, nproc: int) -> float:
@@ -503,13 +500,13 @@ def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind
     seconds = _rollout_seconds(episodes, cfg, actor, kind, nproc)
     if cfg.actor_trains:
         trained = episodes * TRAINED_FRACTION * _actor_seq(cfg)
-        seconds += _update_seconds(trained, actor, cfg.actor.gradient_checkpointing, kind, nproc)
+        seconds += _update_seconds(trained, actor, cfg.actor, kind, nproc)
     if cfg.uses_experience:
         distil = episodes * cfg.extractor.max_new_tokens
         seconds += 2 * extractor.params() * distil / FLOPS[kind]["rollout"] / nproc
     if cfg.extractor_trains:
         tokens = min(episodes, cfg.extractor.buffer_size) * _extractor_seq(cfg)
-        seconds += _update_seconds(tokens, extractor, cfg.extractor.gradient_checkpointing, kind, nproc)
+        seconds += _update_seconds(tokens, extractor, cfg.extractor, kind, nproc)
     return seconds
 
 
@@ -522,18 +519,18 @@ def _eval_seconds(cfg: RunConfig, actor: ModelShape, kind: str, nproc: int) -> f
 # ---- refusal --------------------------------------------------------------------------------------
 
 
-def refusal(cfg: RunConfig, devices: Devices, nproc: int = 1, **lora: Lora | None) -> str | None:
-    """None when ``cfg`` fits ``devices`` on ``nproc`` of them; otherwise why not, with the plan's numbers
-    and a fix (a preset that fits here, or how many GPUs with FSDP would). What the launch form and the API
-    call before accepting a run."""
-    plan = plan_run(cfg, devices, nproc=nproc, **lora)
+def refusal(cfg: RunConfig, devices: Devices, nproc: int | None = None) -> str | None:
+    """None when ``cfg`` fits ``devices`` on ``nproc`` (default: ``cfg.nproc``) of them; otherwise why not,
+    with the plan's numbers and a fix (a preset that fits here, or how many GPUs with FSDP would). What the
+    launch form and the API call before accepting a run."""
+    plan = plan_run(cfg, devices, nproc=nproc)
     why = plan.shortfall(devices)
     if why is None:
         return None
     largest = max(plan.parts, key=lambda p: p.bytes)
     fixes = [f"{name!r}" for name in _presets_that_fit(devices)]
     fix = f"use preset {' or '.join(fixes)}" if fixes else "shrink the largest part"
-    gpus = _gpus_that_fit(cfg, lora)
+    gpus = _gpus_that_fit(cfg)
     if gpus:
         how = "1 GPU of 80 GB" if gpus == 1 else f"{gpus} × 80 GB GPUs with FSDP"
         fix += f", or {how} (--devices {gpus}x80GB --nproc {gpus})"
@@ -544,11 +541,11 @@ def _presets_that_fit(devices: Devices) -> list[str]:
     return [name for name, preset in PRESETS.items() if plan_run(preset, devices).fits(devices)]
 
 
-def _gpus_that_fit(cfg: RunConfig, lora: dict[str, Lora | None]) -> int | None:
+def _gpus_that_fit(cfg: RunConfig) -> int | None:
     for n in (1, 2, 4, 8, 16, 32, 64):
         node = Devices("cuda", 80 * GB, n)
         try:
-            if plan_run(cfg, node, nproc=n, **lora).fits(node):
+            if plan_run(cfg, node, nproc=n).fits(node):
                 return n
         except PlanError:
             return None
@@ -577,9 +574,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
     parser.add_argument("--preset", help="a preset to start from (the same as --config NAME)")
     parser.add_argument("--devices", help="8x80GB (GPUs), cpu:24GB, or cpu (this machine) [cpu]")
-    parser.add_argument("--nproc", type=int, default=1, help="processes, one per device, FSDP2 over them [1]")
-    parser.add_argument("--actor-lora-rank", type=int, help="plan the actor as a LoRA adapter of this rank")
-    parser.add_argument("--extractor-lora-rank", type=int, help="the same for the extractor")
+    try:  # manage.py train's own --nproc sets the config's nproc; older parsers lack it
+        parser.add_argument("--nproc", type=int, help="processes, one per device, FSDP2 over them [1]")
+    except argparse.ArgumentError:
+        pass
 
 
 def plan_from_args(args: argparse.Namespace, stdout: IO[str]) -> str | None:
@@ -588,14 +586,12 @@ def plan_from_args(args: argparse.Namespace, stdout: IO[str]) -> str | None:
 
     args.config = args.config or args.preset
     cfg = config_from_args(args)
+    if getattr(args, "nproc", None) and cfg.nproc != args.nproc:
+        cfg = cfg.with_overrides(nproc=args.nproc)
     devices = Devices.parse(args.devices) if args.devices else Devices.this_machine()
-    lora = {
-        "actor_lora": Lora(args.actor_lora_rank) if args.actor_lora_rank else None,
-        "extractor_lora": Lora(args.extractor_lora_rank) if args.extractor_lora_rank else None,
-    }
-    print(plan_run(cfg, devices, nproc=args.nproc, **lora).table(), file=stdout)
+    print(plan_run(cfg, devices).table(), file=stdout)
     print(f"devices: {devices.describe()} ({devices.kind})", file=stdout)
-    return refusal(cfg, devices, args.nproc, **lora)
+    return refusal(cfg, devices)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,6 +108,21 @@ def test_a_model_holding_the_merged_weights_computes_what_the_lora_model_does(ti
         torch.testing.assert_close(plain.eval()(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
 
 
+def test_on_cuda_the_frozen_base_is_held_in_bfloat16_and_only_the_adapter_trains(tiny) -> None:
+    """What ``prepare_actor`` does on CUDA (``placement.param_dtype``), run on the CPU under autocast."""
+    model, optimizer = lora_actor(tiny)
+    lora.frozen_in(model, torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert {d for n, d in dtypes.items() if ".lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        train_a_little(model, optimizer)
+    assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)
+    merged = lora.served_state_dict(model)
+    assert merged["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert lora.frozen_in(load_causal_lm(tiny), torch.bfloat16).dtype == torch.float32  # plain: unchanged
+
+
 # ---- the engine -----------------------------------------------------------------------------------
 
 
@@ -260,6 +275,11 @@ def test_lora_settings_round_trip_and_show_in_config_changes() -> None:
 def test_a_bad_lora_setting_is_refused_with_a_message(key: str, value, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         RunConfig().with_overrides(**{key: value})
+
+
+def test_lora_with_several_processes_is_refused_with_a_message() -> None:
+    with pytest.raises(ConfigError, match=r"actor\.lora trains in one process .*got nproc 2"):
+        RunConfig().with_overrides(**{"actor.lora.rank": 8, "nproc": 2})
 
 
 def test_target_modules_the_model_lacks_are_refused_with_a_message(tiny) -> None:

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainer import plan as planmod
 from trainer.config import ConfigError, get_preset
-from trainer.plan import GB, Devices, Lora, ModelShape, model_shape, plan_run, refusal
+from trainer.plan import GB, Devices, ModelShape, model_shape, plan_run, refusal
 
 BOX = Devices("cpu", 24 * GB)  # this machine: 24 GB, one CPU device
 SMOLLM2 = {
@@ -65,7 +65,8 @@ def test_full_fine_tune_of_the_paper_models_is_16_bytes_a_parameter() -> None:
 def test_lora_trains_only_the_adapter() -> None:
     cfg = get_preset("cpu")
     full = {p.name: p.bytes for p in plan_run(cfg, BOX).parts}
-    lora = {p.name: p.bytes for p in plan_run(cfg, BOX, actor_lora=Lora(rank=8)).parts}
+    lora_cfg = cfg.with_overrides(**{"actor.lora.rank": 8})
+    lora = {p.name: p.bytes for p in plan_run(lora_cfg, BOX).parts}
     adapter = model_shape(cfg.actor.model_path).lora_params(8, planmod.LORA_TARGETS)
     assert lora["actor: LoRA r=8 weights + grads + AdamW"] == 16 * adapter
     assert lora["actor: frozen weights"] == full["actor: weights"]
@@ -106,10 +107,30 @@ def test_resource_absurd_values_are_refused_with_the_plans_numbers(overrides: di
 
 def test_the_paper_preset_is_refused_here_with_a_fix() -> None:
     message = refusal(get_preset("paper"), BOX)
-    plan = plan_run(get_preset("paper"), BOX)
-    assert message is not None and plan.device_bytes() > 176 * GB
-    assert f"needs {planmod._gb(plan.device_bytes())} per device" in message
+    assert plan_run(get_preset("paper"), BOX, nproc=1).device_bytes() > 176 * GB  # on one device
+    per_device = planmod._gb(plan_run(get_preset("paper"), BOX).device_bytes())
+    assert (
+        message is not None and f"needs 8 devices, the worker has 1 ({per_device} per device on 8" in message
+    )
     assert "use preset 'cpu'" in message
+
+
+@pytest.mark.parametrize(
+    ("preset", "devices"),
+    [("cpu", "cpu:24GB"), ("gpu-1", "1x80GB"), ("gpu-1", "1x141GB"), ("paper", "8x80GB")],
+)
+def test_each_preset_fits_the_devices_it_is_for(preset: str, devices: str) -> None:
+    assert refusal(get_preset(preset), Devices.parse(devices)) is None
+
+
+def test_gpu_1_needs_lora_on_one_gpu() -> None:
+    one = Devices.parse("1x80GB")
+    full = get_preset("gpu-1").with_overrides(**{"actor.lora.rank": 0, "extractor.lora.rank": 0})
+    message = refusal(full, one)
+    assert message is not None and "use preset 'cpu' or 'gpu-1'" in message
+    parts = {p.name: p.bytes for p in plan_run(get_preset("gpu-1"), one).parts}
+    actor = model_shape("Qwen/Qwen2.5-7B-Instruct").params()
+    assert parts["actor: frozen weights"] == 2 * actor  # the frozen base in bf16 on CUDA
 
 
 def test_a_device_description_parses() -> None:

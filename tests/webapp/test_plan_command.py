@@ -16,5 +16,8 @@ def test_manage_py_plan_prints_the_cpu_presets_plan() -> None:
 
 
 def test_manage_py_plan_refuses_the_paper_preset_on_this_box_with_numbers() -> None:
-    with pytest.raises(CommandError, match=r"refused: it needs [\d,.]+ (GB|TB) per device.*1 × 24 GB RAM"):
+    with pytest.raises(
+        CommandError,
+        match=r"refused: it needs 8 devices, the worker has 1 \([\d,.]+ GB per device on 8; 1 × 24 GB",
+    ):
         call_command("plan", "--config", "paper", "--devices", "cpu:24GB", stdout=io.StringIO())
