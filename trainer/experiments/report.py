@@ -1,10 +1,15 @@
-"""An experiment's report from its result files alone (no database): report.md, PNG plots, summary.csv.
+"""An experiment's report from its result files alone (no database): report.md, PNG plots, summary.csv and
+summary.md (the README's generated block, ``trainer.experiments.summary``).
 
     python -m trainer.experiments.report docs/experiments/room-random     # or: manage.py experiment report
 
 Reads ``<folder>/runs/<cell>/`` as ``webapp.experiments.export_results`` writes them: ``cell.json``,
-``config.json``, ``metrics.jsonl``, ``episodes.jsonl``, ``changes.jsonl``, ``merges.jsonl``. Sections:
+``config.json``, ``metrics.jsonl``, ``episodes.jsonl``, ``changes.jsonl``, ``merges.jsonl``,
+``extractor_failures.jsonl`` (refusing a folder that holds two attempts of a row), and the hand labels
+``<folder>/labels.jsonl``. Sections:
 
+0. conditions and time: each cell's commit, CPU and versions, flags where an arm's cells differ, and its
+   wall time split into training, interruptions and the extractor's tail (``trainer.experiments.conditions``);
 1. eval success (with and without experience) vs step per arm: mean over seeds with a 95% t-band, each
    run's point with its Wilson interval over its eval episodes; area under the curve; steps to 50% / 75%;
 2. the paper's Table 1 layout (per env and average, with/without experience) as mean ± 95% CI, and the
@@ -12,9 +17,11 @@ Reads ``<folder>/runs/<cell>/`` as ``webapp.experiments.export_results`` writes 
 3. what the experience did: guided vs free training success; per entry, success when retrieved minus the
    free rollouts' success on the same task instances (usefulness); guided rollouts beside the grpo run's
    rollouts of the same sampling seed while both actors are untrained; each merge pass's effect; the
-   similarity of what was handed out; the bank as it was (``trainer.experiments.bank``) and its quality;
-4. what the extractor did: CISPO steps, buffer fill, mean |advantage|, clip fraction, job counts, failures;
-5. cost: wall time per phase, the extractor's generated tokens and training seconds beside the actor's.
+   similarity of what was handed out; the bank as it was (``trainer.experiments.bank``), checked against
+   the run's ``bank/size``, its hand-labelled quality and the mechanical rule's precision against it;
+4. what the extractor did: CISPO steps, buffer fill, mean |advantage|, clip fraction, job counts from the
+   journals (merge passes and attempts, unusable answers, applied operations), Search-and-Ask use;
+5. cost: training time per phase (never wall time), the extractor's generated tokens beside the actor's.
 """
 
 from __future__ import annotations
