@@ -42,11 +42,9 @@ class Placement:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-
-    @property
-    def distributed(self) -> bool:
-        """Launched by torchrun (even with one process): a process group exists and models are sharded."""
-        return dist.is_available() and dist.is_initialized()
+    distributed: bool = False
+    """Launched by torchrun (even with one process): this process joined its group and models are sharded.
+    Not merely "a process group exists": an in-process vLLM engine starts a group of one of its own."""
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -72,11 +70,11 @@ def init_distributed(device: str = "auto") -> Placement:
     backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(dev)
-    if "TORCHELASTIC_RUN_ID" in os.environ or world_size > 1:  # torchrun sets both
-        if not dist.is_initialized():
-            dist.init_process_group(backend, device_id=dev if cuda else None)
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or world_size > 1  # torchrun sets both
+    if launched and not dist.is_initialized():
+        dist.init_process_group(backend, device_id=dev if cuda else None)
     dtype = torch.bfloat16 if cuda else torch.float32
-    return Placement(dev, backend, dtype, rank, world_size, local_rank)
+    return Placement(dev, backend, dtype, rank, world_size, local_rank, launched)
 
 
 def device_mesh(placement: Placement) -> DeviceMesh:
