@@ -257,10 +257,12 @@ def test_from_file_json_and_toml_with_a_preset(tmp_path):
 
 
 def test_presets_are_valid_run_configs():
-    assert set(PRESETS) == {"paper", "cpu"}
+    assert set(PRESETS) == {"cpu", "gpu-1", "paper"}
     for cfg in PRESETS.values():
         assert RunConfig.from_dict(cfg.to_dict()) == cfg
         assert cfg.method == "complementary"
+    assert get_preset("gpu-1").actor.lora.enabled and get_preset("gpu-1").extractor.lora.enabled
+    assert get_preset("paper").nproc == 8 and not get_preset("paper").actor.lora.enabled
 
 
 def test_paper_preset_uses_the_papers_hyper_parameters():
@@ -285,7 +287,7 @@ def test_cpu_preset_is_small_and_uses_smollm2():
 
 
 def test_unknown_preset_names_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown preset 'gpu'; known presets: paper, cpu"):
+    with pytest.raises(ConfigError, match="unknown preset 'gpu'; known presets: cpu, gpu-1, paper"):
         get_preset("gpu")
 
 
@@ -295,11 +297,14 @@ def test_the_shipped_config_files_load_and_name_a_registered_env(path):
     assert make_mixture(cfg.env).names
     data = tomllib.loads(path.read_text())
     data.pop("preset", None)
-    for key, value in data.items():  # every key of the file took effect
-        if isinstance(value, dict):
-            assert {name: getattr(getattr(cfg, key), name) for name in value} == value, key
-        else:
-            assert getattr(cfg, key) == value, key
+    assert took_effect(data, cfg.to_dict())  # every key of the file, nested tables too
+
+
+def took_effect(wanted: dict, got: dict) -> bool:
+    return all(
+        took_effect(value, got[key]) if isinstance(value, dict) else got[key] == value
+        for key, value in wanted.items()
+    )
 
 
 @pytest.mark.parametrize(
