@@ -9,7 +9,12 @@ experiment runner), which never loads torch:
 - the child runs at a lower CPU priority (``STUDIO_TRAINING_NICE``): on a machine that also serves the
   pages, a request never waits behind a training step for a core;
 - the child dies with its supervisor (``PR_SET_PDEATHSIG``), so a task redelivered after its worker died
-  never meets an orphan still training, and claims the run at once (``Run.holder_is_gone``).
+  never meets an orphan still training, and claims the run at once (``Run.holder_is_gone``);
+- a run whose config asks for ``nproc`` above 1 trains in a torchrun group instead (``torch.distributed.run``
+  starting that many ranks of the same command, in a session of its own): a rank that dies makes torchrun
+  stop the others and exit non-zero, so the whole group is started again and resumes like one child; a
+  cancelled run's group is stopped from here (SIGTERM to every rank, SIGKILL after ``STOP_GRACE_S``), since
+  ranks waiting in a collective for the one that stopped would never look at the token.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from django.conf import settings
 from django.db import connection
@@ -32,6 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3
 """Times a run's training process may die and be resumed before the run fails."""
+STOP_GRACE_S = 8.0
+"""Seconds a cancelled torchrun group has between SIGTERM and SIGKILL."""
 
 
 def holder_name(worker: str) -> str:
@@ -45,7 +53,7 @@ def claim_and_train(run: Run, *, worker: str) -> str:
     if not run.claim(holder_name(worker)):
         return f"run {run.pk} not claimed: {run.status}"
     while True:
-        code = train_in_child(run.pk)
+        code = train_in_child(run.pk, nproc=int(run.config.get("nproc", 1)))
         run.refresh_from_db()
         if run.status != Run.Status.RUNNING or not restart(run, code):
             return run.status
@@ -99,12 +107,53 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     os.nice(settings.STUDIO_TRAINING_NICE)
 
 
-def train_in_child(run_id: int) -> int:
-    """Train the claimed run ``run_id`` in a child process (``manage.py train_claimed``); its exit code."""
+def train_in_child(run_id: int, nproc: int = 1) -> int:
+    """Train the claimed run ``run_id`` in a child process (``manage.py train_claimed``), or in a torchrun
+    group of ``nproc`` of them; its exit code."""
     env = os.environ | {  # the child works on this process's database and result folder
         "STUDIO_DB_NAME": connection.settings_dict["NAME"],
         "STUDIO_EXPERIMENT_RESULTS": str(settings.EXPERIMENT_RESULTS_DIR),
     }
-    command = [sys.executable, str(settings.BASE_DIR / "manage.py"), "train_claimed", str(run_id)]
+    command = [str(settings.BASE_DIR / "manage.py"), "train_claimed", str(run_id)]
     preexec = _die_with_parent if _LIBC is not None else None
-    return subprocess.run(command, cwd=settings.BASE_DIR, env=env, preexec_fn=preexec).returncode  # noqa: PLW1509
+    options = {"cwd": settings.BASE_DIR, "env": env, "preexec_fn": preexec}  # fork-safe: see _LIBC
+    if nproc == 1:
+        return subprocess.run([sys.executable, *command], **options).returncode
+    group = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.Popen([*group, *command], start_new_session=True, **options)
+    return _supervise_group(proc, run_id)
+
+
+def _supervise_group(proc: subprocess.Popen, run_id: int) -> int:
+    """Wait for a torchrun group; stop every rank once the run is cancelled. Its exit code."""
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if Run.objects.filter(pk=run_id, cancel_requested=True).exists():
+            return _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> int:
+    """SIGTERM to the group's session (torchrun and every rank), SIGKILL to what is left after the grace."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            time.sleep(0.2)
+        if not _group_alive(proc.pid):
+            break
+    return proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -7,6 +7,7 @@ Imported only where a run trains (it loads torch and the trainer): the child pro
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import subprocess
 from collections.abc import Sequence
@@ -34,9 +35,27 @@ def run_dir(run: Run) -> Path:
     return var_dir() / "runs" / str(run.uid)
 
 
-def environment_snapshot() -> dict[str, str]:
+def devices_snapshot(cfg: RunConfig) -> dict[str, str]:
+    """What the run trains on: the device kind and name, how many the run's processes use, the memory of
+    one (a GPU's, or the host's on the CPU)."""
+    import psutil
+
+    from trainer.parallel import resolve_device
+
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, memory = props.name, props.total_memory
+    else:
+        name, memory = platform.processor() or platform.machine(), psutil.virtual_memory().total
+    return {"device": device.type, "device_name": name, "device_count": str(cfg.nproc),
+            "device_memory_gib": f"{memory / 2**30:.1f}", "processes": str(cfg.nproc)}  # fmt: skip
+
+
+def environment_snapshot(cfg: RunConfig | None = None) -> dict[str, str]:
     """Code and package versions, the host and its hardware (vector ISA, whether bf16 is native: the
-    "native" inference dtype and every timing depend on it), stored on the run for reproducibility."""
+    "native" inference dtype and every timing depend on it), and with ``cfg`` the devices the run trains
+    on (``devices_snapshot``), stored on the run for reproducibility."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=5
@@ -50,8 +69,9 @@ def environment_snapshot() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     hardware = {"cpu": torch.backends.cpu.get_cpu_capability(), "native_bf16": str(native_bf16()).lower()}
+    devices = devices_snapshot(cfg) if cfg is not None else {}
     return {"code_version": commit or "unknown", "python": platform.python_version(), "host": platform.node(),
-            **hardware, **packages}  # fmt: skip
+            **hardware, **devices, **packages}  # fmt: skip
 
 
 def _resume_point(run: Run, out_dir: Path) -> Path | None:
@@ -75,9 +95,15 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     resume = _resume_point(run, out_dir)
     point = read_checkpoint(resume) if resume is not None else None
     start_step = point.step if point else 0
-    if resume == out_dir and start_step >= cfg.steps and not work_left(out_dir, point.path):
+    finished = resume == out_dir and start_step >= cfg.steps and not work_left(out_dir, point.path)
+    if not _is_rank_zero():  # a helper rank of a torchrun group: it trains; rank 0 records and reports
+        if not finished:
+            train(cfg, out_dir=out_dir, resume=resume)
+        return Run.Status.RUNNING
+    if finished:
         return _finish(run, Run.Status.SUCCEEDED)  # it died after its last step, before being marked done
-    Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=environment_snapshot())
+    snapshot = environment_snapshot(cfg)
+    Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=snapshot)
     out_dir.mkdir(parents=True, exist_ok=True)
     rewind(run, start_step)  # a restart: drop what an interrupted attempt recorded after where it resumes
     cancel = CancelToken()
@@ -94,6 +120,11 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
     return _finish(run, Run.Status.CANCELLED if cancelled else Run.Status.SUCCEEDED)
 
 
+def _is_rank_zero() -> bool:
+    """Rank 0 of the torchrun group this process belongs to, or a process on its own."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def train_claimed(run: Run) -> str:
     """Train a claimed ``run`` in this process: its final status, or ``failed`` with the reason stored on
     the run."""
@@ -103,6 +134,8 @@ def train_claimed(run: Run) -> str:
         return run_training(run)
     except Exception as exc:  # noqa: BLE001 - every failure ends as a readable message on the run
         log.exception("run %s failed", run.pk)
+        if not _is_rank_zero():
+            raise  # torchrun stops the group; rank 0 and the supervisor record why
         run.mark_failed(failure_message(exc))
         return Run.Status.FAILED
 

@@ -35,6 +35,11 @@ class Command(DatabaseCommand):
         namespace = _Namespace(options)
         try:
             _refuse_what_does_not_fit(config_from_args(namespace))
+            if options["no_record"] and config_from_args(namespace).nproc > 1:
+                raise CommandError(
+                    "--no-record trains in this process: for several processes use python -m trainer.train "
+                    "--nproc N, or record the run (drop --no-record)"
+                )
             if options["no_record"]:
                 run_from_args(namespace, stdout=self.stdout)
             else:
@@ -61,8 +66,16 @@ class Command(DatabaseCommand):
             config=cfg.to_dict(),
             resume_from=str(args.resume or ""),
         )
-        run.claim(worker=f"cli@{socket.gethostname()}")
         self.stdout.write(f"run {run.pk} recorded; folder: {args.out or 'var/runs/' + str(run.uid)}\n")
+        if cfg.nproc > 1:  # a torchrun group of train_claimed ranks, supervised as a worker does
+            from webapp.supervisor import claim_and_train
+
+            if args.out:
+                Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(Path(args.out).resolve()))
+            status = claim_and_train(run, worker=f"cli@{socket.gethostname()}")
+            self.stdout.write(f"run {run.pk} {status}\n")
+            return
+        run.claim(worker=f"cli@{socket.gethostname()}")
         try:
             status = run_training(
                 run, out_dir=args.out and Path(args.out), extra_reporters=[ConsoleReporter(self.stdout)]

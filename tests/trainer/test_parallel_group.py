@@ -1,0 +1,82 @@
+"""A run with nproc 2 trained by a real Celery worker (issue 36): the supervisor starts a torchrun group,
+restarts the whole group when one rank is SIGKILLed (it resumes from the last checkpoint, each metric row
+recorded once), and stops every rank within seconds of a cancel. A tiny random Llama stands in for SmolLM2
+(two ranks of it, each with its engine, would crowd this box's memory)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import wait_for
+from tests.trainer.tiny_models import tiny_llama_folder
+from trainer.config import get_preset
+from webapp.models import MetricRow, Run
+from webapp.services import run_cancel
+from webapp.tasks import train_run
+from webapp.training import run_dir
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SMALL = {"method": "grpo", "nproc": 2, "tasks_per_step": 1, "k_rollouts": 4, "eval_every": 0,
+         "eval_episodes": 2, "checkpoint_every": 1, "rollout.turn_limit": 3, "rollout.max_new_tokens": 8,
+         "rollout.kv_cache_gib": 0.0625, "rollout.dtype": "float32"}  # fmt: skip
+
+
+@pytest.fixture
+def make_run(user, tmp_path):
+    model, runs = tiny_llama_folder(tmp_path / "tiny"), []
+
+    def make(**overrides) -> Run:
+        cfg = get_preset("cpu").with_overrides(**(SMALL | {"actor.model_path": str(model)} | overrides))
+        runs.append(
+            Run.objects.create(name="g", owner=user, method="grpo", env=cfg.env, config=cfg.to_dict())
+        )
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        shutil.rmtree(run_dir(run), ignore_errors=True)
+
+
+def _ranks(run: Run) -> list[psutil.Process]:
+    """The group's rank processes (not torchrun itself)."""
+    needle = f"train_claimed {run.pk}"
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if " ".join(p.info["cmdline"] or []).endswith(needle)
+        and "torch.distributed.run" not in p.info["cmdline"]
+    ]
+
+
+def test_a_killed_rank_restarts_the_group_which_resumes_and_records_each_row_once(make_run, celery_worker):
+    run = make_run(steps=3)
+    result = train_run.apply_async(args=[run.id], queue=celery_worker)
+    wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=1).exists(), 900, "step 1")
+    ranks = wait_for(lambda: len(_ranks(run)) == 2 and _ranks(run), 60, "both ranks")
+    ranks[1].send_signal(signal.SIGKILL)
+    assert result.get(timeout=1200) == Run.Status.SUCCEEDED
+    run.refresh_from_db()
+    assert run.step == 3 and run.restarts == 1 and "started again" in run.notice
+    steps = list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
+    assert sorted(steps) == [1, 2, 3]
+    assert run.environment["device"] == "cpu" and run.environment["device_count"] == "2"
+
+
+def test_cancelling_a_two_process_run_stops_every_rank_within_seconds(make_run, celery_worker):
+    run = make_run(steps=50, **{"rollout.turn_limit": 200})
+    result = train_run.apply_async(args=[run.id], queue=celery_worker)
+    ranks = wait_for(lambda: len(_ranks(run)) == 2 and _ranks(run), 600, "both ranks")
+    time.sleep(20)  # the ranks load, start their engines and roll out
+    asked = time.monotonic()
+    run_cancel(Run.objects.get(pk=run.pk))
+    _, alive = psutil.wait_procs(ranks, timeout=60)
+    took = time.monotonic() - asked
+    assert not alive
+    assert took < 15, f"every rank gone after {took:.1f} s"
+    assert result.get(timeout=60) == Run.Status.CANCELLED
