@@ -2,12 +2,13 @@
 
     python benchmarks/bench_plan.py [--steps 2] [--only grpo,complementary,lora,fsdp2]
 
-Each config runs as ``manage.py train`` (the experience methods need the database; it starts the embedded
-services itself) with ``--steps``, evaluating only at the end; a sampler reads the resident memory of the
-whole process tree (every torchrun rank, every engine) every 0.2 s and keeps the peak. Printed per config:
-the plan's peak (one device; for ``fsdp2`` the sum over its ranks, as they share this machine) against the
-measured peak RSS, and the plan's step time against the median ``time/step_s`` of the run's steps. The
-acceptance bound of issue 37: peak within ±25%, step time within ±50%.
+Each config runs with ``--steps`` as ``python -m trainer.train`` (grpo) or ``manage.py train --no-record``
+(the experience methods need the bank's database: run ``manage.py migrate`` once, as ``make run`` does),
+evaluating only at the end; a sampler reads the resident memory of the whole process tree (every torchrun
+rank, every engine) every 0.2 s and keeps the peak. Printed per config: the plan's peak (one device; for
+``fsdp2`` the sum over its ranks, as they share this machine) against the measured peak RSS, and the plan's
+step time against the median ``time/step_s`` of the run's steps. The acceptance bound of issue 37:
+peak within ±25%, step time within ±50%.
 
 Run it on a quiet machine: one config at a time, nothing else heavy beside it (a complementary cpu step
 holds ~20 GB here). Timings under other load are not the plan's to match.
@@ -55,7 +56,9 @@ def tree_rss(pid: int) -> int:
 def run_measured(argv: list[str], out: Path) -> tuple[int, int]:
     """Run ``manage.py train ARGV --out OUT``; returns (exit code, peak RSS of its process tree)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
-    cmd = [sys.executable, str(ROOT / "manage.py"), "train", *argv, "--out", str(out), "--no-record"]
+    grpo = "grpo" in argv
+    entry = ["-m", "trainer.train"] if grpo else [str(ROOT / "manage.py"), "train", "--no-record"]
+    cmd = [sys.executable, *entry, *argv, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = [0]
     done = threading.Event()

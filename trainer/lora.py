@@ -107,7 +107,9 @@ def served_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         for name, module in model.named_modules():
             if not isinstance(module, LoraLayer):
                 continue
-            merged[f"{name}.weight"] = _merged_weight(module, merged.pop(f"{name}.base_layer.weight"))
+            # built layer by layer into host memory: on a GPU the merged copy never sits beside the model
+            weight = _merged_weight(module, merged.pop(f"{name}.base_layer.weight"))
+            merged[f"{name}.weight"] = weight.cpu()
             bias = merged.pop(f"{name}.base_layer.bias", None)
             if bias is not None:
                 merged[f"{name}.bias"] = bias
