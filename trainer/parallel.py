@@ -28,6 +28,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 T = TypeVar("T")
+_joined: list[bool] = []
+"""Set once ``init_distributed`` has started this process's group: the one group ``destroy`` may end."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def init_distributed(device: str = "auto") -> Placement:
     launched = "TORCHELASTIC_RUN_ID" in os.environ or world_size > 1  # torchrun sets both
     if launched and not dist.is_initialized():
         dist.init_process_group(backend, device_id=dev if cuda else None)
+        _joined.append(True)
     dtype = torch.bfloat16 if cuda else torch.float32
     return Placement(dev, backend, dtype, rank, world_size, local_rank, launched)
 
@@ -256,6 +259,8 @@ def barrier() -> None:
 
 
 def destroy() -> None:
-    """Leave the process group at the end of a run (torchrun warns otherwise)."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the process group ``init_distributed`` joined, at the end of a run (torchrun warns otherwise);
+    a group someone else started (an in-process vLLM engine's) is theirs to end."""
+    if _joined and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _joined.clear()
