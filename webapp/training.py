@@ -54,8 +54,8 @@ def devices_snapshot(cfg: RunConfig) -> dict[str, str]:
 
 def environment_snapshot(cfg: RunConfig | None = None) -> dict[str, str]:
     """Code and package versions, the host and its hardware (vector ISA, whether bf16 is native: the
-    "native" inference dtype and every timing depend on it), and with ``cfg`` the devices the run trains
-    on (``devices_snapshot``), stored on the run for reproducibility."""
+    "native" inference dtype and every timing depend on it; torch's threads), and with ``cfg`` the devices
+    the run trains on (``devices_snapshot``), stored on the run for reproducibility."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=5
@@ -68,10 +68,19 @@ def environment_snapshot(cfg: RunConfig | None = None) -> dict[str, str]:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    hardware = {"cpu": torch.backends.cpu.get_cpu_capability(), "native_bf16": str(native_bf16()).lower()}
+    hardware = {"cpu": torch.backends.cpu.get_cpu_capability(), "native_bf16": str(native_bf16()).lower(),
+                "threads": str(torch.get_num_threads())}  # fmt: skip
     devices = devices_snapshot(cfg) if cfg is not None else {}
     return {"code_version": commit or "unknown", "python": platform.python_version(), "host": platform.node(),
             **hardware, **devices, **packages}  # fmt: skip
+
+
+def resume_record(run: Run, point) -> dict[str, str]:
+    """The steps this run's attempts resumed from, earlier attempts' included ("never" for a run trained in
+    one go): a figure read beside a cell's results, since a resume may change what a step sees."""
+    earlier = (run.environment or {}).get("resumed_at_steps", "never")
+    steps = [s for s in earlier.split(",") if s and s != "never"] + ([str(point.step)] if point else [])
+    return {"resumed_at_steps": ",".join(steps) or "never"}
 
 
 def _resume_point(run: Run, out_dir: Path) -> Path | None:
@@ -102,7 +111,7 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
         return Run.Status.RUNNING
     if finished:
         return _finish(run, Run.Status.SUCCEEDED)  # it died after its last step, before being marked done
-    snapshot = environment_snapshot(cfg)
+    snapshot = environment_snapshot(cfg) | resume_record(run, point)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=snapshot)
     out_dir.mkdir(parents=True, exist_ok=True)
     rewind(run, start_step)  # a restart: drop what an interrupted attempt recorded after where it resumes

@@ -54,8 +54,12 @@ def test_a_run_resumed_in_place_goes_on_from_its_checkpoints_wall_time_in_its_ro
     saved = read_checkpoint(stopped_run.checkpoint_dir).elapsed_s
     before = _walls(stopped_run)  # evaluation 0, step 1, evaluation 1
     assert len(before) == 3 and before[-1] <= saved
+    env = stopped_run.environment
+    assert env["resumed_at_steps"] == "never" and int(env["threads"]) >= 1
 
     run_training(stopped_run)  # what the supervisor does when a run's training process died
+    stopped_run.refresh_from_db()
+    assert stopped_run.environment["resumed_at_steps"] == "1"  # the conditions a report prints beside it
     walls = _walls(stopped_run)
     assert len(walls) == 5 and walls[:3] == before and walls[3] > saved
     assert _increasing(walls), walls

