@@ -176,12 +176,8 @@ def join_group(cfg: RunConfig) -> parallel.Placement:
             f"with python -m trainer.train --nproc {cfg.nproc} (which launches torchrun), or set nproc to "
             "torchrun's total number of processes"
         )
-    if cfg.nproc > 1 and cfg.uses_experience:
-        raise ConfigError(
-            f"method {cfg.method!r} does not run on several processes yet (nproc {cfg.nproc}): the "
-            "experience bank, the extractor track and Search-and-Ask run in one process; use nproc = 1, or "
-            "method grpo"
-        )
+    if why := cfg.not_yet_supported():
+        raise ConfigError(why)
     return placement
 
 

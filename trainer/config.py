@@ -571,6 +571,17 @@ class RunConfig(_Section):
 
     # ---- derived (DESIGN §3.5: one switch, same code path) ----
 
+    def not_yet_supported(self) -> str | None:
+        """Why this valid config cannot run with this version (None when it can): a launch is refused with
+        it, by the plan (``trainer.plan``) and again when the run starts."""
+        if self.nproc > 1 and self.uses_experience:
+            return (
+                f"method {self.method!r} does not run on several processes yet (nproc {self.nproc}): the "
+                "experience bank, the extractor track and Search-and-Ask run in one process; use nproc = 1, "
+                "or method grpo"
+            )
+        return None
+
     @property
     def actor_trains(self) -> bool:
         """The actor πθ is updated (every method but exp_only)."""

@@ -272,6 +272,8 @@ class Plan:
     step_s: float
     eval_s: float
     notes: tuple[str, ...] = field(default=())
+    unsupported: str | None = None
+    """Why the launch cannot run with this version whatever its devices (``RunConfig.not_yet_supported``)."""
 
     def device_bytes(self) -> int:
         """Peak bytes per device: everything on CPU, where host and device are one memory."""
@@ -288,7 +290,11 @@ class Plan:
         return f"{what} would take ~{_duration(slowest)} (estimate; the limit is {MAX_PHASE_HOURS:g} h)"
 
     def shortfall(self, devices: Devices) -> str | None:
-        """Why the plan does not fit ``devices`` (None when it does)."""
+        """Why the plan does not fit ``devices`` (None when it does); a launch this version cannot run is
+        told so once it would fit."""
+        return self._device_shortfall(devices) or self.unsupported
+
+    def _device_shortfall(self, devices: Devices) -> str | None:
         if devices.kind != self.kind:
             return f"it is planned for {self.kind} devices, the worker has {devices.kind}"
         if devices.count < self.nproc:
@@ -345,7 +351,7 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     )
     parts.append(Part("process overhead (measured)", PROCESS_OVERHEAD_BYTES, True))
     step_s, eval_s = _step_seconds(cfg, actor, extractor, kind, nproc), _eval_seconds(cfg, actor, kind, nproc)
-    return Plan(tuple(parts), nproc, kind, step_s, eval_s)
+    return Plan(tuple(parts), nproc, kind, step_s, eval_s, unsupported=cfg.not_yet_supported())
 
 
 # ---- trained models -------------------------------------------------------------------------------

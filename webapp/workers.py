@@ -247,7 +247,16 @@ def check(cfg: RunConfig, worker: Worker) -> Check:
         raise PlanError(f"a model's config.json does not describe a Llama-style decoder (no {err})") from None
     if why is None and not plan.fits(devices):
         why = refusal(cfg, devices, cfg.nproc)
+    elif why is not None and cfg.nproc > 1 and (alone := _one_process_refusal(cfg, worker)):
+        why = f"{why}; on one process {alone}"  # the plan's numbers too, not only the missing devices
     return Check(worker, devices, plan, why)
+
+
+def _one_process_refusal(cfg: RunConfig, worker: Worker) -> str | None:
+    """Why ``cfg`` would not fit ``worker`` on one process either (None when it would)."""
+    alone = cfg.with_overrides(nproc=1)
+    devices, why = run_devices(alone, worker)
+    return why or refusal(alone, devices, 1)
 
 
 @dataclass(frozen=True)

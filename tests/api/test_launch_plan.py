@@ -71,11 +71,18 @@ def test_the_plan_of_a_launch_that_fits_lists_its_parts_and_where_it_goes_and_th
 def test_the_plan_goes_by_the_registered_workers_and_names_the_one_that_can_run_it(api):
     register(worker("small@y", "cpu:16GB"))
     register(worker("node@z", "8x80GB"))
-    answer = _post(api, "/api/v1/plan", {"config": {"nproc": 8, "device": "cuda"}}).json()
+    answer = _post(api, "/api/v1/plan", {"config": {"nproc": 8, "device": "cuda", "method": "grpo"}}).json()
     assert answer["fits"] and answer["worker"] == "node@z" and answer["queue"] == "node@z.training"
     assert answer["devices"] == "8 × 80 GB" and answer["nproc"] == 8
     why = {w["node"]: w["why_not"] for w in answer["workers"]}
     assert why["node@z"] is None and why["small@y"].startswith("it asks for CUDA devices")
+
+
+def test_a_method_that_runs_on_one_process_only_is_refused_on_eight_whatever_the_devices(api):
+    register(worker("node@z", "8x80GB"))
+    answer = _post(api, "/api/v1/plan", {"config": {"nproc": 8, "device": "cuda"}}).json()
+    assert not answer["fits"] and answer["queue"] is None
+    assert "method 'complementary' does not run on several processes yet (nproc 8)" in answer["refusal"]
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,15 @@ def test_the_paper_preset_is_refused_here_with_a_fix() -> None:
     [("cpu", "cpu:24GB"), ("gpu-1", "1x80GB"), ("gpu-1", "1x141GB"), ("paper", "8x80GB")],
 )
 def test_each_preset_fits_the_devices_it_is_for(preset: str, devices: str) -> None:
-    assert refusal(get_preset(preset), Devices.parse(devices)) is None
+    cfg = get_preset(preset)
+    runnable = cfg.with_overrides(method="grpo") if cfg.not_yet_supported() else cfg
+    assert refusal(runnable, Devices.parse(devices)) is None
+
+
+def test_the_paper_preset_fits_a_node_but_is_refused_until_experience_methods_run_on_many_processes() -> None:
+    paper = get_preset("paper")
+    message = refusal(paper, Devices.parse("8x80GB"))
+    assert message is not None and message.startswith(paper.not_yet_supported())
 
 
 def test_gpu_1_needs_lora_on_one_gpu() -> None:

@@ -86,7 +86,7 @@ def test_a_launch_every_worker_can_run_goes_to_the_shared_queue():
 
 
 def test_a_launch_only_some_workers_can_run_goes_to_one_of_them_and_never_to_one_with_fewer_devices():
-    cfg = get_preset("cpu").with_overrides(nproc=4, device="cuda")
+    cfg = get_preset("cpu").with_overrides(nproc=4, device="cuda", method="grpo")
     placement = place(cfg, workers=[CPU_BOX, ONE_GPU, NODE])
     assert placement.queue == NODE.queue == "node@c.training"
     why = {c.worker.node: c.why_not for c in placement.checks}
@@ -94,9 +94,9 @@ def test_a_launch_only_some_workers_can_run_goes_to_one_of_them_and_never_to_one
     assert "it needs 4 devices, the worker has 1" in why["gpu1@b"]
     assert why["node@c"] is None
     # the smallest worker that fits is picked: big machines stay free for big runs
-    two = worker("gpu2@e", "2x80GB")
+    two, cpu_grpo = worker("gpu2@e", "2x80GB"), get_preset("cpu").with_overrides(method="grpo")
     assert (
-        place(get_preset("cpu").with_overrides(nproc=2, device="cuda"), workers=[NODE, two, ONE_GPU]).queue
+        place(cpu_grpo.with_overrides(nproc=2, device="cuda"), workers=[NODE, two, ONE_GPU]).queue
         == two.queue
     )
 
@@ -133,7 +133,7 @@ def _queued_run(user, **changes) -> Run:
 def test_a_worker_hands_on_a_run_its_devices_do_not_fit_and_fails_it_when_no_worker_can(user):
     register(ONE_GPU)
     register(NODE)
-    run = _queued_run(user, nproc=4, device="cuda")
+    run = _queued_run(user, nproc=4, device="cuda", method="grpo")
     assert run_hand_on(run, NODE.node) is None  # it fits there: train it
     try:
         assert run_hand_on(run, ONE_GPU.node) == f"handed on to {NODE.queue}"
