@@ -57,6 +57,8 @@ EXPECTED: dict[str, dict[str, tuple]] = {
     "login": {"GET": (200, 302, 302, 302, 302), "POST": (200, 302, 302, 302, 302)},
     "logout": {"GET": NO_GET, "POST": (L, 302, 302, 302, 302)},
     "run_launch": {"GET": (L, 403, 200, 200, 200), "POST": (L, 403, 400, 400, 400)},  # needs launch_run
+    "run_launch_plan": {"GET": NO_GET, "POST": (L, 403, 200, 200, 200)},  # the form's plan: launch_run too
+    "metrics": {"GET": (401, 403, 403, 403, 200), "POST": (405,) * 5},  # staff or the token; never a login
     "run_detail": RUN_PAGE,
     "run_inspect": RUN_PAGE,
     "run_cancel": RUN_ACTION,
