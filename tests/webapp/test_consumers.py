@@ -5,15 +5,26 @@ from __future__ import annotations
 import time
 
 import pytest
+import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 
 from webapp.asgi import application
 from webapp.events import broadcast_run_event
 from webapp.models import MetricRow, Run
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _connections_back_to_the_pool():
+    """A test's ORM calls and its consumers' run in the event loop's thread-sensitive thread, which no
+    request cycle ends: hand that thread's connections back, or each test keeps one out of the test
+    process's bounded pool until later tests wait in vain (``webapp.dbpool``)."""
+    yield
+    await sync_to_async(connections.close_all)()
 
 
 async def _connect(path: str, cookie: str | None) -> tuple[WebsocketCommunicator, bool]:
