@@ -29,6 +29,9 @@ settings.STORAGES = settings.STORAGES | {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
 }
 Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+# The test process is many clients at once (async tests' event-loop threads, live-server threads, each
+# keeping a connection until its thread ends): a larger pool than a web server's, still bounded.
+settings.DATABASES["default"]["OPTIONS"]["pool"]["max_size"] = 30
 
 
 @pytest.fixture(scope="session")

@@ -65,11 +65,15 @@ def test_a_request_that_finds_the_pool_empty_gets_a_503_with_retry_after(user):
         release.wait(30)
         own.close()
 
-    holders = [threading.Thread(target=hold_one) for _ in range(pool.max_size - 1)]
+    stats = pool.get_stats()  # connections out now: this thread's, and any an earlier test's thread kept
+    out = stats.get("pool_size", 0) - stats.get("pool_available", 0)
+    holders = [threading.Thread(target=hold_one) for _ in range(pool.max_size - out)]
     for t in holders:
         t.start()
     try:
+        deadline = time.monotonic() + 30
         while len(held) < len(holders):
+            assert time.monotonic() < deadline, f"only {len(held)} of {len(holders)} connections were free"
             time.sleep(0.05)
         with ThreadPoolExecutor(1) as other_thread:  # a request's own thread, as under ASGI
             page = other_thread.submit(client.get, "/").result()
