@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.test_experiments import write_fake_grid
-from trainer.experiments.report import build_report
-from trainer.experiments.summary import SUMMARY_FILE, compare_readme, include_summary, readme_blocks, verify
+from trainer.experiments.summary import (
+    SUMMARY_FILE,
+    compare_readme,
+    include_summary,
+    readme_blocks,
+    verify,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GRIDS = ("room-random", "room-5x5")
@@ -46,7 +52,7 @@ def test_one_number_changed_in_a_copy_of_a_committed_report_fails_verify(tmp_pat
 
 def test_a_readme_whose_block_is_stale_or_missing_fails(tmp_path):
     write_fake_grid(tmp_path)
-    summary = (build_report(tmp_path) / SUMMARY_FILE).read_text()
+    summary = (write_report(tmp_path) / SUMMARY_FILE).read_text()
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n<!-- BEGIN generated: grid/summary.md -->\n{summary}<!-- END generated -->\n")
     assert compare_readme(readme, "grid/summary.md", summary) == []

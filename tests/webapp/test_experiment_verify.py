@@ -9,8 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.trainer.test_experiments import write_fake_grid
-from trainer.experiments.report import build_report
-from trainer.experiments.summary import SUMMARY_FILE
+from trainer.experiments.summary import SUMMARY_FILE, write_report
 
 
 @pytest.fixture
@@ -19,7 +18,7 @@ def grid(tmp_path, settings):
     settings.EXPERIMENT_RESULTS_DIR = tmp_path / "results"
     folder = tmp_path / "results" / "grid"
     write_fake_grid(folder)
-    summary = (build_report(folder) / SUMMARY_FILE).read_text()
+    summary = (write_report(folder) / SUMMARY_FILE).read_text()
     readme = tmp_path / "README.md"
     block = f"docs/experiments/grid/report/{SUMMARY_FILE}"
     readme.write_text(f"# R\n\n<!-- BEGIN generated: {block} -->\n{summary}<!-- END generated -->\n")

@@ -1173,7 +1173,8 @@ def conditions_section(runs: Sequence[RunResult]) -> str:
 
 
 def build_report(folder: Path, out_dir: Path | None = None) -> Path:
-    """Write ``report.md``, the plots and ``summary.csv`` into ``out_dir`` [folder/report]; returns it."""
+    """Write ``report.md``, the plots and ``summary.csv`` into ``out_dir`` [folder/report]; returns it.
+    ``trainer.experiments.summary.write_report`` adds the README's summary beside them."""
     folder = Path(folder)
     out = Path(out_dir) if out_dir else folder / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -1220,9 +1221,6 @@ def build_report(folder: Path, out_dir: Path | None = None) -> Path:
     ]
     (out / "report.md").write_text("\n".join(parts), encoding="utf-8")
     _write_summary(out / "summary.csv", eval_rows, cost_rows)
-    from trainer.experiments.summary import SUMMARY_FILE, summary_md  # it builds on this module
-
-    (out / SUMMARY_FILE).write_text(summary_md(folder, runs), encoding="utf-8")
     return out
 
 

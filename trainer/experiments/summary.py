@@ -27,12 +27,14 @@ from trainer.experiments.report import (
     _last_with_both,
     _table,
     bank_replay,
+    build_report,
     by_arm,
     cost_row,
     entry_usefulness,
     extractor_rows,
     final_values,
     first_steps,
+    load_results,
     same_slot_pairs,
     signal_rate_lines,
     steps_after_warmup,
@@ -317,14 +319,19 @@ def compare_readme(readme: Path, summary_path: str, summary: str) -> list[str]:
     return [] if body == summary else _diff(f"README block of {summary_path}", body, summary)
 
 
+def write_report(folder: Path, out_dir: Path | None = None) -> Path:
+    """The report (``report.build_report``) and ``summary.md`` beside it; returns the report's folder."""
+    out = build_report(folder, out_dir=out_dir)
+    (out / SUMMARY_FILE).write_text(summary_md(Path(folder), load_results(Path(folder))), encoding="utf-8")
+    return out
+
+
 def verify(folder: Path, readme: Path | None = None, summary_path: str | None = None) -> list[str]:
     """Rebuild ``folder``'s report into a temporary folder; every difference from the committed report
     (and, given ``readme``, from its block of the summary at ``summary_path``). Empty: it holds."""
-    from trainer.experiments.report import build_report
-
     folder = Path(folder)
     with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
-        rebuilt = build_report(folder, out_dir=Path(tmp))
+        rebuilt = write_report(folder, out_dir=Path(tmp))
         out = compare_reports(folder / "report", rebuilt)
         if readme is not None:
             out += compare_readme(readme, summary_path or str(folder / "report" / SUMMARY_FILE),

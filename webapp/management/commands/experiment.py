@@ -101,13 +101,13 @@ class Command(BaseCommand):
             self._say(f"{state.cell.key:32} {state.status:12} {where}")
 
     def _report(self, options) -> None:
-        from trainer.experiments.report import build_report
+        from trainer.experiments.summary import write_report
         from webapp.experiments import results_dir
 
         folder = results_dir(options["name"])
         if not (folder / "runs").is_dir():
             raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
-        out = build_report(folder, out_dir=options["out"])
+        out = write_report(folder, out_dir=options["out"])
         self._say(f"report: {out / 'report.md'}")
         if options["out"] is None:
             self._include_summary(options["name"], out)
