@@ -88,7 +88,7 @@ def restart(run: Run, code: int) -> bool:
         )
         return False
     notice = (
-        f"The training process {why} at step {run.step}; it was started again from the last checkpoint "
+        f"The training process {why} at step {run.step}; it was resumed from the last checkpoint "
         f"(restart {run.restarts + 1} of {MAX_RESTARTS})."
     )
     Run.objects.filter(pk=run.pk).update(restarts=F("restarts") + 1, notice=notice)
