@@ -61,7 +61,7 @@ from trainer.trackers import tracker_reporters
 
 def build_engine(cfg: RunConfig) -> Engine:
     """The rollout engine of ``cfg.rollout`` serving the actor's initial weights."""
-    return engine_from_config(cfg.actor.model_path, cfg.rollout, seed=cfg.seed)
+    return engine_from_config(cfg.actor.model_path, cfg.rollout, seed=cfg.seed, device=cfg.device)
 
 
 def build_extractor_engine(cfg: RunConfig) -> Engine:
@@ -70,7 +70,7 @@ def build_extractor_engine(cfg: RunConfig) -> Engine:
     rollout = cfg.rollout
     if cfg.extractor.kv_cache_gib is not None:
         rollout = dataclasses.replace(rollout, kv_cache_gib=cfg.extractor.kv_cache_gib)
-    return engine_from_config(cfg.extractor.model_path, rollout, seed=cfg.seed + 1)
+    return engine_from_config(cfg.extractor.model_path, rollout, seed=cfg.seed + 1, device=cfg.device)
 
 
 def file_reporters(out_dir: Path, *more: Reporter) -> Reporters:

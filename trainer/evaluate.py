@@ -118,7 +118,7 @@ def evaluate_checkpoint(
     cfg = state.config
     actor_dir = state.path / "actor"
     r = cfg.rollout
-    engine = engine_from_config(actor_dir, r, seed=cfg.seed, name=engine_name or "")
+    engine = engine_from_config(actor_dir, r, seed=cfg.seed, name=engine_name or "", device=cfg.device)
     runner = eval_runner(engine, actor_dir, r)
     try:
         metrics = evaluate(runner, env or cfg.env, episodes or cfg.eval_episodes, retrieve=retrieve)

@@ -62,7 +62,7 @@ def test_a_killed_rank_restarts_the_group_which_resumes_and_records_each_row_onc
     ranks[1].send_signal(signal.SIGKILL)
     assert result.get(timeout=1200) == Run.Status.SUCCEEDED
     run.refresh_from_db()
-    assert run.step == 3 and run.restarts == 1 and "started again" in run.notice
+    assert run.step == 3 and run.restarts == 1 and "resumed from the last checkpoint" in run.notice
     steps = list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
     assert sorted(steps) == [1, 2, 3]
     assert run.environment["device"] == "cpu" and run.environment["device_count"] == "2"

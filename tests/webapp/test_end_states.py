@@ -80,7 +80,9 @@ def test_a_restart_notice_reads_as_a_sentence(user):
     run = _run(user, status=Run.Status.RUNNING, step=2)
     assert restart(run, 1) is True
     run.refresh_from_db()
-    assert run.notice.startswith("The training process exited with code 1 at step 2; it was started again")
+    assert run.notice.startswith(
+        "The training process exited with code 1 at step 2; it was resumed from the last checkpoint"
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ conventions, so the trainer never needs to know which one produced a batch:
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -327,8 +328,12 @@ def _logits_at(model, input_ids, attention_mask, rows, cols) -> torch.Tensor:
     return head(hidden[rows, cols])
 
 
-def engine_from_config(model_path: Path | str, rollout: Any, *, seed: int = 0, name: str = "") -> Engine:
-    """An engine for ``model_path`` set up from a ``RolloutConfig`` (backend: ``name`` or its ``engine``)."""
+def engine_from_config(
+    model_path: Path | str, rollout: Any, *, seed: int = 0, name: str = "", device: str = "auto"
+) -> Engine:
+    """An engine for ``model_path`` set up from a ``RolloutConfig`` (backend: ``name`` or its ``engine``).
+    ``device`` is the run's (``RunConfig.device``): the hf engine's model lives there (vLLM places itself;
+    under torchrun, ``cuda`` is this rank's GPU)."""
     name = name or rollout.engine
     if name == "vllm":
         return make_engine(
@@ -339,4 +344,7 @@ def engine_from_config(model_path: Path | str, rollout: Any, *, seed: int = 0, n
             kv_cache_memory_bytes=int(rollout.kv_cache_gib * 2**30),
             seed=seed,
         )
-    return make_engine(name, model_path, dtype=rollout.dtype)
+    from trainer.parallel import resolve_device
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    return make_engine(name, model_path, dtype=rollout.dtype, device=str(resolve_device(device, local_rank)))
