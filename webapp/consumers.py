@@ -80,16 +80,20 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not await in_db_thread(run_visible)(user, self.run_id):
             await self.close(code=FORBIDDEN)  # before accept(): the handshake is refused
             return
-        await self.accept()  # before any refusal a browser must read: it sees no code on a refused handshake
         try:
+            # the groups are joined before the handshake completes: a change of access made as soon as the
+            # client sees the socket open (a password change, a run made private) reaches this socket
             self.holds_slot = await self._hold_slot()
-            if not self.holds_slot:
-                await self.close(code=TOO_MANY_SOCKETS, reason=OVER_CAP)
-                return
-            await self._join_groups(user)
+            if self.holds_slot:
+                await self._join_groups(user)
         except sockets.LAYER_ERRORS:
             log.warning("run socket refused: the channel layer failed", exc_info=True)
+            await self.accept()  # a browser reads no code on a refused handshake
             await self._give_up()
+            return
+        await self.accept()  # before the over-cap refusal, which the page must read
+        if not self.holds_slot:
+            await self.close(code=TOO_MANY_SOCKETS, reason=OVER_CAP)
             return
         self.slot_keeper = asyncio.create_task(self._keep_slot())
         since = parse_qs(self.scope.get("query_string", b"").decode()).get("since", [""])[0]
