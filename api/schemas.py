@@ -102,6 +102,11 @@ class RunDetailOut(RunOut):
     worker: str
     heartbeat_at: datetime | None
     cancel_requested: bool
+    progress: dict[str, Any] = Field(
+        description="Where the current step is inside a long phase: step, phase (evaluation, rollouts, actor "
+        "update, weight sync, checkpoint), done of total units (episodes, micro-batches), elapsed_s and "
+        "eta_s (null until a unit finished). Empty before the first phase; the last one once the run ended."
+    )
 
 
 class RunFilters(Schema):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +119,8 @@ class ActorUpdate:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.cancel = CancelToken()
         """Checked between micro-batches; the loop hands it its own token."""
+        self.progress: Callable[[int, int], None] | None = None
+        """Gets (micro-batches done, micro-batches) during ``step``; the loop sets it."""
         # a sharded model got its checkpointing from ``parallel.parallelize``
         if (
             cfg.gradient_checkpointing
@@ -172,6 +174,8 @@ class ActorUpdate:
                 seq_weights=mb_w,
             )
             loss.backward()
+            if self.progress is not None:
+                self.progress(i + 1, len(mbs))
             if fillers[i]:
                 continue
             k = int(mask.sum())

@@ -231,6 +231,11 @@ class _Reporter(BaseReporter):
     def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
         on_trace(self.inner, step, trace)
 
+    def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
+        hook = getattr(self.inner, "on_progress", None)
+        if hook is not None:
+            hook(step, progress)
+
     def should_stop(self) -> bool:
         return self.inner.should_stop()
 
@@ -345,8 +350,13 @@ class CoevolutionLoop(TrainingLoop):
         return metrics
 
     def evaluate(self, step: int) -> Metrics:
+        self.progress.start(step, "evaluation", "episodes")
         metrics = evaluate(
-            self.eval_runner, self.cfg.env, self.cfg.eval_episodes, retrieve=self.eval_retriever
+            self.eval_runner,
+            self.cfg.env,
+            self.cfg.eval_episodes,
+            retrieve=self.eval_retriever,
+            progress=self.progress.advance,
         )
         self.reporter.on_eval(step, metrics)
         return metrics

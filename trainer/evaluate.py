@@ -13,7 +13,7 @@ Search-and-Ask is not used in evaluation: the "with experience" column measures 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer.envs.base import make_env, make_mixture
@@ -57,22 +57,25 @@ def evaluate(
     episodes: int,
     *,
     retrieve: Retriever | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Metrics:
     """Both columns for ``env`` (a name or a mixture): without experience, and with it when ``retrieve`` is
-    given. ``runner`` should be an eval-split runner (``EpisodeRunner(..., split="eval")``)."""
+    given. ``runner`` should be an eval-split runner (``EpisodeRunner(..., split="eval")``). ``progress``
+    gets (episodes finished, episodes in both columns) as they finish."""
     t0 = time.perf_counter()
     names = make_mixture(env).names
     columns: list[tuple[str, bool]] = [("eval/", False)]
     if retrieve is not None:
         columns.append(("eval/" + WITH_EXP, True))
     metrics: Metrics = {}
-    for prefix, guided in columns:
+    for column, (prefix, guided) in enumerate(columns):
         # a mixture's envs play in one batch: one engine call per turn for all of them, not one per env
         specs = {name: eval_specs(name, episodes, guided=guided) for name in names}
         played, _ = runner.run(
             [s for env_specs in specs.values() for s in env_specs],
             retrieve=retrieve if guided else None,
             temperature=EVAL_TEMPERATURE,
+            progress=_across_columns(progress, column, len(columns)),
         )
         per_env: dict[str, list[Episode]] = {}
         for name, env_specs in specs.items():
@@ -82,6 +85,13 @@ def evaluate(
         metrics["eval/exp_gain"] = metrics["eval/" + WITH_EXP + "success"] - metrics["eval/success"]
     metrics["eval/time_s"] = time.perf_counter() - t0
     return metrics
+
+
+def _across_columns(progress, column: int, columns: int) -> Callable[[int, int], None] | None:
+    """A runner's (done, total) of one column as (done, total) over every column (each the same size)."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(column * total + done, columns * total)
 
 
 def eval_runner(engine, actor_dir: Path | str, rollout) -> EpisodeRunner:

@@ -29,7 +29,7 @@ from trainer.config import RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
 from trainer.memory import release_freed_memory, resident_gib
-from trainer.report import Reporter, RunClock
+from trainer.report import Progress, Reporter, RunClock
 from trainer.rollout.base import Engine
 from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever, ShardedRunner
 
@@ -117,6 +117,8 @@ class TrainingLoop:
         self.runner = ShardedRunner(train)
         self.eval_runner = ShardedRunner(EpisodeRunner(self.engine, self.tokenizer, split="eval", **options))
         self.last_checkpoint: Path | None = None
+        self.progress = Progress(self.reporter)
+        self.actor.progress = self.progress.advance
 
     def run(self) -> Metrics:
         """Train; returns the last step's metrics merged with the last evaluation's."""
@@ -152,11 +154,14 @@ class TrainingLoop:
     def train_step(self, step: int) -> Metrics:
         t0 = time.perf_counter()
         specs = sample_tasks(self.cfg, step)
-        episodes, stats = self.runner.run(specs, retrieve=self.retrieve)
+        self.progress.start(step, "rollouts", "episodes", len(specs))
+        episodes, stats = self.runner.run(specs, retrieve=self.retrieve, progress=self.progress.advance)
         metrics = score(episodes, make_mixture(self.cfg.env).names) | stats.as_metrics()
         metrics["time/rollout_s"] = stats.wall_s
         if self.cfg.actor_trains:
+            self.progress.start(step, "actor update", "micro-batches")
             metrics |= self.actor.step(episodes)
+            self.progress.start(step, "weight sync")
             metrics["time/sync_s"] = self.actor.sync(self.engine, self.engine.weight_version + 1)
         metrics["engine/weight_version"] = float(self.engine.weight_version)
         metrics["time/step_s"] = time.perf_counter() - t0
@@ -168,12 +173,16 @@ class TrainingLoop:
 
     def evaluate(self, step: int) -> Metrics:
         """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""
-        metrics = evaluate(self.eval_runner, self.cfg.env, self.cfg.eval_episodes)
+        self.progress.start(step, "evaluation", "episodes")
+        metrics = evaluate(
+            self.eval_runner, self.cfg.env, self.cfg.eval_episodes, progress=self.progress.advance
+        )
         release_freed_memory()
         self.reporter.on_eval(step, metrics)
         return metrics
 
     def checkpoint(self, step: int) -> Path:
+        self.progress.start(step, "checkpoint")
         if parallel.is_sharded(self.model):
             return self._checkpoint_sharded(step)
         self.last_checkpoint = save_checkpoint(

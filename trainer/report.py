@@ -75,8 +75,55 @@ class BaseReporter:
         """A Search-and-Ask exchange of step ``step`` (query, entry, answer, episode, turn); optional: the
         loop calls it only on reporters that have it (``trainer.coevolution.on_trace``)."""
 
+    def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
+        """Where step ``step`` is inside a long phase (``Progress.snapshot``); optional, like ``on_trace``."""
+
     def should_stop(self) -> bool:
         return False
+
+
+class Progress:
+    """Where a run is inside a phase that takes a while (evaluation, rollouts, the actor update): the
+    phase, ``done`` of ``total`` units, the seconds since the phase began and an estimate of those left.
+
+    The loop calls ``start`` when a phase begins and ``advance`` as units finish; reporters that take it
+    (``on_progress``) get a snapshot at the phase's start, at most every ``every_s`` seconds meanwhile, and
+    when its last unit finishes, so a ten-minute evaluation is never a silent "step 0 of 3"."""
+
+    def __init__(self, reporter: Reporter | None, every_s: float = 2.0) -> None:
+        self.reporter = reporter
+        self.every_s = every_s
+        self.step, self.phase, self.unit = 0, "", ""
+        self.done, self.total = 0, 0
+        self.started = self.sent = 0.0
+
+    def start(self, step: int, phase: str, unit: str = "", total: int = 0) -> None:
+        self.step, self.phase, self.unit, self.done, self.total = step, phase, unit, 0, total
+        self.started = time.monotonic()
+        self._send()
+
+    def advance(self, done: int, total: int | None = None) -> None:
+        """``done`` units of ``total`` (the phase's, unless given) have finished."""
+        if total is not None:
+            self.total = total
+        if done == self.done:
+            return
+        self.done = done
+        if done >= self.total or time.monotonic() - self.sent >= self.every_s:
+            self._send()
+
+    def snapshot(self) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done and self.total else None
+        eta = None if left is None else round(left, 1)
+        return {"phase": self.phase, "unit": self.unit, "done": self.done, "total": self.total,
+                "elapsed_s": round(elapsed, 1), "eta_s": eta}  # fmt: skip
+
+    def _send(self) -> None:
+        self.sent = time.monotonic()
+        hook = getattr(self.reporter, "on_progress", None)
+        if hook is not None:
+            hook(self.step, self.snapshot())
 
 
 class Reporters(BaseReporter):
@@ -106,6 +153,12 @@ class Reporters(BaseReporter):
             hook = getattr(r, "on_trace", None)
             if hook is not None:
                 hook(step, trace)
+
+    def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
+        for r in self.reporters:
+            hook = getattr(r, "on_progress", None)
+            if hook is not None:
+                hook(step, progress)
 
     def should_stop(self) -> bool:
         return any(r.should_stop() for r in self.reporters)

@@ -138,6 +138,11 @@ class Run(models.Model):
     restarts = models.IntegerField(default=0, db_default=0, help_text="Times its training was resumed.")
     notice = models.TextField(blank=True, default="", db_default="", help_text="What the system last did.")
     peak_rss_mb = models.IntegerField(null=True, blank=True, help_text="Peak memory of its training process.")
+    progress = models.JSONField(
+        default=dict, blank=True, db_default={},
+        help_text="Where the step is inside a long phase (trainer.report.Progress): phase, done of total, "
+        "elapsed and estimated seconds left.",
+    )  # fmt: skip
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

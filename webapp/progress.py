@@ -76,6 +76,11 @@ class RunReporter(BaseReporter):
     def on_episode_batch(self, step: int, episodes: Sequence[Any]) -> None:
         EpisodeRecord.objects.bulk_create(episode_record(self.run, step, ep) for ep in episodes)
 
+    def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
+        """Stored on the run (its page and the API read it) and sent live; a beat, since the run is alive."""
+        self._beat(progress={"step": step, **progress})
+        self._broadcast({"kind": "progress", "step": step, **progress})
+
     def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
         self._broadcast({"kind": "trace", "step": step, **{k: str(v)[:2000] for k, v in trace.items()}})
 

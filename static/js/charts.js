@@ -248,6 +248,25 @@ const Studio = (() => {
       4403: "live updates stopped: you may no longer watch this run (reload the page)",
     };
 
+    // "phase · n of N unit · elapsed · about T left", as the header renders it (run_pages.progress_line)
+    function duration(seconds) {
+      seconds = Math.round(seconds || 0);
+      if (seconds < 60) return seconds + "s";
+      const m = Math.floor(seconds / 60), s = String(seconds % 60).padStart(2, "0");
+      if (m < 60) return m + "m " + s + "s";
+      return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
+    }
+    function showProgress(p) {
+      const el = document.getElementById("run-progress");
+      if (!el || !p.phase) return;
+      const parts = [p.phase];
+      if (p.total) parts.push((p.done + " of " + p.total + " " + (p.unit || "")).trim());
+      parts.push(duration(p.elapsed_s));
+      if (p.eta_s !== null && p.eta_s !== undefined && p.done < p.total) parts.push("about " + duration(p.eta_s) + " left");
+      el.textContent = parts.join(" · ");
+      el.hidden = false;
+    }
+
     function connect(delay) {
       const scheme = location.protocol === "https:" ? "wss://" : "ws://";
       const socket = new WebSocket(scheme + location.host + socketPath + "?since=" + cursor);
@@ -257,7 +276,9 @@ const Studio = (() => {
         if (event.kind === "metrics") append(event);
         else if (event.kind === "status") document.body.dispatchEvent(new Event("run-status"));
         else if (event.kind === "trace") document.body.dispatchEvent(new Event("run-trace"));
+        else if (event.kind === "progress") showProgress(event);
         if (event.kind === "metrics" && event.step !== undefined) document.body.dispatchEvent(new Event("run-trace"));
+        if (event.kind === "metrics" && event.metric_kind === "train") document.body.dispatchEvent(new Event("run-step"));
         if (event.kind === "metrics" && event.metric_kind === "eval") document.body.dispatchEvent(new Event("run-eval"));
       };
       socket.onclose = (close) => {

@@ -10,11 +10,14 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import connections
 
 from tests.e2e.conftest import ARTIFACTS
 from trainer.config import get_preset
+from trainer.report import Progress
 from webapp.events import broadcast_run_event
 from webapp.models import Experiment, MetricRow, Run
+from webapp.progress import RunReporter
 from webapp.selectors import metric_event
 
 PASSWORD = "correct horse battery"
@@ -75,9 +78,42 @@ def alice(user):
 def test_charts_and_launch_templates_in_a_browser(server, browser_page, alice):
     """One server and browser for the three pages (each start costs tens of seconds here)."""
     _login(browser_page, server)
+    _live_progress(browser_page, server, alice)
     _run_page(browser_page, server, _run(alice, "three steps", "complementary", 0))
     _compare_page(browser_page, server, alice)
     _launch_templates(browser_page, server)
+
+
+def _as_a_worker(fn, *args) -> None:
+    """Call ``fn`` as a training process would, outside Playwright's event loop; its thread's database
+    connection goes back to the test process's bounded pool afterwards."""
+
+    def call():
+        try:
+            fn(*args)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(call).result()
+
+
+def _live_progress(page, server: str, owner) -> None:
+    """A running run's header follows its phase over the socket: the episode count of an evaluation
+    advances on the page before the evaluation (and so the step) has finished."""
+    run = Run.objects.create(name="evaluating", owner=owner, status=Run.Status.RUNNING, config={"steps": 3})
+    page.goto(f"{server}/runs/{run.id}/")
+    page.wait_for_selector("#live-state.live")
+    assert page.locator("#run-progress").is_hidden()
+    progress = Progress(RunReporter(run), every_s=0)
+    _as_a_worker(progress.start, 0, "evaluation", "episodes", 8)
+    _as_a_worker(progress.advance, 3)
+    shown = "document.getElementById('run-progress').textContent"
+    _wait_for_js(page, f"{shown}.startsWith('evaluation · 3 of 8 episodes · ')")
+    _as_a_worker(progress.advance, 5)
+    _wait_for_js(page, f"{shown}.startsWith('evaluation · 5 of 8 episodes · ')")
+    assert "left" in page.inner_text("#run-progress") and page.locator("#run-progress").is_visible()
+    _shot(page, "charts-00-run-progress")
 
 
 def _run_page(page, server: str, run: Run) -> None:

@@ -10,13 +10,20 @@ class Recorder(BaseReporter):
         self.steps: dict[int, dict[str, float]] = {}
         self.evals: dict[int, dict[str, float]] = {}
         self.batches: dict[int, list] = {}
+        self.events: list[tuple] = []
+        """What arrived, in order: ("progress", step, phase, done, total), ("step", step), ("eval", step)."""
         self.stop_after = stop_after
 
     def on_step(self, step, metrics):
         self.steps[step] = dict(metrics)
+        self.events.append(("step", step))
 
     def on_eval(self, step, metrics):
         self.evals[step] = dict(metrics)
+        self.events.append(("eval", step))
+
+    def on_progress(self, step, progress):
+        self.events.append(("progress", step, progress["phase"], progress["done"], progress["total"]))
 
     def on_episode_batch(self, step, episodes):
         self.batches[step] = list(episodes)

@@ -108,6 +108,19 @@ def test_the_run_reports_evaluation_and_timings(first_run):
     assert not (out / "metrics.jsonl").exists()  # the caller's reporter replaces the default ones
 
 
+def test_every_long_phase_reports_its_progress_before_the_step_or_evaluation_ends(first_run):
+    out, recorder, loop, log = first_run
+    events = recorder.events
+    evaluation = [e for e in events[: events.index(("eval", 0))] if e[0] == "progress"]
+    assert evaluation[0][2:] == ("evaluation", 0, 0) and evaluation[-1][2:] == ("evaluation", 2, 2)
+    step_1 = events[events.index(("eval", 0)) + 1 : events.index(("step", 1))]
+    phases = [e[2] for e in step_1]
+    assert phases[0] == "rollouts" and ("progress", 1, "rollouts", 6, 6) in step_1
+    assert "actor update" in phases and phases[-1] == "weight sync"
+    update = [e for e in step_1 if e[2] == "actor update" and e[3]]
+    assert update and update[-1][3] == update[-1][4]  # every micro-batch done before the step's row
+
+
 def test_a_checkpoint_resumes_at_the_next_step_with_the_same_config(first_run, engine, tmp_path):
     out, recorder, loop, _ = first_run
     state = read_checkpoint(out)

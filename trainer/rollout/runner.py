@@ -263,8 +263,10 @@ class EpisodeRunner:
         retrieve: Retriever | None = None,
         intercept: Intercept | None = None,
         temperature: float | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[list[Episode], RolloutStats]:
-        """Play every spec to the end; episodes come back in the order of ``specs``."""
+        """Play every spec to the end; episodes come back in the order of ``specs``. ``progress`` gets
+        (episodes finished, episodes) after every turn."""
         stats = RolloutStats(episodes=len(specs))
         start = time.perf_counter()
         temperature = self.temperature if temperature is None else temperature
@@ -287,6 +289,8 @@ class EpisodeRunner:
                 self.cancel.check()
                 self._turn(live, stats, intercept, temperature)
                 live = [s for s in live if not s.done]
+                if progress is not None:
+                    progress(len(states) - len(live), len(states))
         finally:
             self._release(specs, envs)
         stats.wall_s = time.perf_counter() - start

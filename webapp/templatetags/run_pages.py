@@ -96,3 +96,28 @@ def no_episodes_reason(run: Run) -> str:
         )
     ended = {"cancelled": "was cancelled", "failed": "failed", "succeeded": "ended"}.get(run.status, "ended")
     return f"This run {ended} before any training step finished, so no episode was recorded."
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+@register.filter
+def progress_line(progress: dict[str, Any]) -> str:
+    """``phase · n of N unit · elapsed · about T left``, as ``static/js/charts.js`` writes it live."""
+    if not progress or not progress.get("phase"):
+        return ""
+    parts = [str(progress["phase"])]
+    if progress.get("total"):
+        parts.append(f"{progress.get('done', 0)} of {progress['total']} {progress.get('unit', '')}".rstrip())
+    parts.append(_duration(progress.get("elapsed_s") or 0))
+    if progress.get("eta_s") is not None and progress.get("done", 0) < progress.get("total", 0):
+        parts.append(f"about {_duration(progress['eta_s'])} left")
+    return " · ".join(parts)

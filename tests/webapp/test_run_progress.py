@@ -1,0 +1,45 @@
+"""A run's progress inside a long phase: the reporter stores it, the run page and the API show it."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.report import Progress
+from webapp.models import Run
+from webapp.progress import RunReporter
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_reporter_stores_the_phase_and_the_page_and_api_show_it(client, user):
+    run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config={"steps": 3})
+    client.force_login(user)
+    assert 'id="run-progress" hidden' in client.get(f"/runs/{run.id}/").content.decode()  # nothing yet
+
+    progress = Progress(RunReporter(run), every_s=0)
+    progress.start(0, "evaluation", "episodes", 8)
+    progress.started -= 130  # 2m 10s into it
+    progress.advance(2)
+    run.refresh_from_db()
+    assert run.progress | {"elapsed_s": 0} == {
+        "step": 0, "phase": "evaluation", "unit": "episodes", "done": 2, "total": 8, "elapsed_s": 0,
+        "eta_s": run.progress["eta_s"],
+    }  # fmt: skip
+    assert 389 < run.progress["eta_s"] < 392  # 6 more at 65 s each
+
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "evaluation · 2 of 8 episodes · 2m 10s · about 6m 30s left" in page
+    detail = client.get(f"/api/v1/runs/{run.id}").json()
+    assert detail["progress"]["phase"] == "evaluation" and detail["progress"]["done"] == 2
+
+    progress.start(1, "weight sync")  # a phase without units: its name and time only
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert ">weight sync · 0s</p>" in page
+
+
+def test_a_finished_run_shows_no_progress_line(client, user):
+    run = Run.objects.create(
+        name="r", owner=user, status=Run.Status.SUCCEEDED, progress={"phase": "checkpoint"}
+    )
+    client.force_login(user)
+    assert 'id="run-progress"' not in client.get(f"/runs/{run.id}/").content.decode()
