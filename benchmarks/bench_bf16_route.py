@@ -25,10 +25,11 @@ ENGINE_OPTIONS = {"kv_cache_memory_bytes": 3 << 30, "enable_prefix_caching": Fal
 
 
 def long_requests(tokenizer, prompts: int, new_tokens: int) -> list:
-    """Greedy requests on ~800-token slices of the README."""
+    """Greedy requests on ~800-token slices of the documentation (``docs/benchmarks.md``: long, and stable
+    text for the tokenizer)."""
     from trainer.rollout import GenerationRequest
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
     requests = []
     for i in range(prompts):
         chat = [{"role": "user", "content": text[i * 300 : i * 300 + 2400] + "\nWhich direction?"}]

@@ -28,8 +28,8 @@ weights, gradients and optimiser state by ``nproc``; DESIGN.md §7):
 Host memory (the episodes, the overhead, the embedding model) shares the device's memory on CPU; on an
 accelerator it is checked only when the device description gives the host's size.
 
-The time per step is an estimate, scaled from what the benchmarks measured on the 2-core CPU here (README,
-Benchmarks) by parameters and tokens; a step or an evaluation estimated beyond ``MAX_PHASE_HOURS`` is
+The time per step is an estimate, scaled from what the benchmarks measured on the 2-core CPU here
+(docs/benchmarks.md) by parameters and tokens; a step or an evaluation estimated beyond ``MAX_PHASE_HOURS`` is
 refused like a launch that does not fit in memory. Accelerator rates are assumptions, not measurements.
 """
 
@@ -79,9 +79,10 @@ MAX_PHASE_HOURS = 24.0
 
 # Throughput, in model FLOPs per second (2·P per generated token, 6·P per trained token). CPU: measured here
 # with SmolLM2-135M (134.5M parameters): vLLM rollouts ~200 generated tokens/s at batch 16-32 in native
-# bf16 (README: a cpu-preset step's rollout, 16 episodes, ~35 s) and the update ~100 trained tokens/s in
-# float32 (bench_training: backward 16.2 s + recompute 4.7 s; bench_actor_update: 12.8k tokens in 169.5 s
-# under load). Accelerators: assumed ~40% of an H100's bf16 peak for the update, and decode at a tenth.
+# bf16 (docs/benchmarks.md: a cpu-preset step's rollout, 16 episodes, ~35 s) and the update ~100 trained
+# tokens/s in float32 (bench_training: backward 16.2 s + recompute 4.7 s; bench_actor_update: 12.8k tokens
+# in 169.5 s under load). Accelerators: assumed ~40% of an H100's bf16 peak for the update, and decode at a
+# tenth.
 FLOPS = {
     "cpu": {"rollout": 2 * 134.5e6 * 200, "update": 6 * 134.5e6 * 100},
     "cuda": {"rollout": 40e12, "update": 400e12},

@@ -8,7 +8,7 @@
 With ``--nproc N`` (or ``nproc`` in the config) above 1 this process starts ``torchrun`` with the same
 arguments (``launch``); each of its ranks runs this module again, finds itself in the group and trains its
 share (``trainer.parallel``). On several nodes, start torchrun on each node yourself, with ``--nproc`` the
-total number of processes (see the README's "Scaling out").
+total number of processes (see docs/scaling-out.md).
 
 ``manage.py train`` takes the same arguments (``webapp/management/commands/train.py``). This module is only
 the entry point: ``trainer.assemble`` builds the run.

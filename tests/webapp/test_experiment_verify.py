@@ -29,7 +29,7 @@ def test_verify_passes_on_a_report_and_readme_built_from_the_run_files(grid):
     folder, readme = grid
     out = io.StringIO()
     call_command("experiment", "verify", "grid", "--readme", str(readme), stdout=out)
-    assert "grid: the committed report and the README's summary match the run files" in out.getvalue()
+    assert f"grid: the committed report and the summary in {readme} match the run files" in out.getvalue()
 
 
 def test_verify_fails_and_lists_the_line_when_one_number_of_the_committed_report_changed(grid):

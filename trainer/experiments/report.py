@@ -1,5 +1,5 @@
 """An experiment's report from its result files alone (no database): report.md, PNG plots, summary.csv and
-summary.md (the README's generated block, ``trainer.experiments.summary``).
+summary.md (the generated block in docs/results.md, ``trainer.experiments.summary``).
 
     python -m trainer.experiments.report docs/experiments/room-random     # or: manage.py experiment report
 
@@ -1174,7 +1174,7 @@ def conditions_section(runs: Sequence[RunResult]) -> str:
 
 def build_report(folder: Path, out_dir: Path | None = None) -> Path:
     """Write ``report.md``, the plots and ``summary.csv`` into ``out_dir`` [folder/report]; returns it.
-    ``trainer.experiments.summary.write_report`` adds the README's summary beside them."""
+    ``trainer.experiments.summary.write_report`` adds the results page's summary beside them."""
     folder = Path(folder)
     out = Path(out_dir) if out_dir else folder / "report"
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,9 @@ from trainer.config import ConfigError
 from trainer.experiments.spec import ExperimentSpec
 from webapp.management.database import require_database
 
+RESULTS_PAGE = Path("docs") / "results.md"
+"""The documentation page that includes each experiment's generated summary (the README links to it)."""
+
 
 class Command(BaseCommand):
     help = (
@@ -17,9 +20,9 @@ class Command(BaseCommand):
         "the training queue (--here: trains them one after another in this process); running it again skips "
         "finished cells and resumes unfinished ones (--restart CELL starts one again from scratch). 'status "
         "FILE' shows the grid. 'report NAME' writes report.md, plots, summary.csv and summary.md (the "
-        "README's generated block) from the committed result files (docs/experiments/NAME/). 'verify NAME' "
-        "rebuilds the report into a temporary folder and fails, listing the differences, if the committed "
-        "report or the README's copy of its summary differs from it."
+        "generated block in docs/results.md) from the committed result files (docs/experiments/NAME/). "
+        "'verify NAME' rebuilds the report into a temporary folder and fails, listing the differences, if"
+        " the committed report or the results page's copy of its summary differs from it."
     )
 
     def add_arguments(self, parser) -> None:
@@ -45,7 +48,11 @@ class Command(BaseCommand):
         )
         verify.add_argument("name", help="the experiment's name (its folder under docs/experiments/)")
         verify.add_argument(
-            "--readme", type=Path, help="the README whose generated block must equal the summary [README.md]"
+            "--page",
+            "--readme",
+            dest="readme",
+            type=Path,
+            help=f"the page whose generated block must equal the summary [{RESULTS_PAGE}]",
         )
 
     def handle(self, *args, **options) -> None:
@@ -113,17 +120,17 @@ class Command(BaseCommand):
             self._include_summary(options["name"], out)
 
     def _include_summary(self, name: str, report: Path) -> None:
-        """Refresh the README's generated block of this experiment's summary, where it has one."""
+        """Refresh the results page's generated block of this experiment's summary, where it has one."""
         from django.conf import settings
 
         from trainer.experiments.summary import SUMMARY_FILE, include_summary
 
-        readme = Path(settings.BASE_DIR) / "README.md"
+        readme = Path(settings.BASE_DIR) / RESULTS_PAGE
         block = f"docs/experiments/{name}/report/{SUMMARY_FILE}"
         if readme.exists() and include_summary(
             readme, block, (report / SUMMARY_FILE).read_text(encoding="utf-8")
         ):
-            self._say(f"README: its block of {block} now holds the summary")
+            self._say(f"{RESULTS_PAGE}: its block of {block} now holds the summary")
 
     def _verify(self, options) -> None:
         from django.conf import settings
@@ -134,7 +141,7 @@ class Command(BaseCommand):
         folder = results_dir(options["name"])
         if not (folder / "runs").is_dir():
             raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
-        readme = options["readme"] or Path(settings.BASE_DIR) / "README.md"
+        readme = options["readme"] or Path(settings.BASE_DIR) / RESULTS_PAGE
         block = f"docs/experiments/{options['name']}/report/{SUMMARY_FILE}"
         try:
             differences = verify(folder, readme=readme, summary_path=block)
@@ -142,9 +149,9 @@ class Command(BaseCommand):
             raise CommandError(str(err)) from err
         if differences:
             raise CommandError(
-                f"{options['name']}: the committed report or the README differs from the report rebuilt from "
+                f"{options['name']}: the committed report or {readme} differs from the report rebuilt from "
                 f"{folder / 'runs'} ({len(differences)} lines below); rebuild it with 'experiment report "
-                f"{options['name']}' (it also refreshes the README's block of {block}):\n"
+                f"{options['name']}' (it also refreshes the block of {block} in {RESULTS_PAGE}):\n"
                 + "\n".join(differences)
             )
-        self._say(f"{options['name']}: the committed report and the README's summary match the run files")
+        self._say(f"{options['name']}: the committed report and the summary in {readme} match the run files")
