@@ -7,6 +7,41 @@ document.addEventListener("submit", (event) => {
   if (question && !window.confirm(question)) event.preventDefault();
 });
 
+// The launch form says how many runs its button starts, and a grid (an experiment name set, as a grid
+// template does) asks before it launches: "methods × seeds = N runs of S steps", never a surprise.
+function launchCount(form) {
+  const checked = (name) => form.querySelectorAll(`input[name="${name}"]:checked`).length;
+  const value = (id) => (form.querySelector("#" + id) || {}).value || "";
+  const steps = value("id_steps");
+  if (value("id_experiment").trim()) {
+    const methods = checked("experiment_methods"), seeds = checked("experiment_seeds");
+    return { runs: methods * seeds, steps, grid: `${methods} method${methods === 1 ? "" : "s"} × ${seeds} seed${seeds === 1 ? "" : "s"}` };
+  }
+  return { runs: Math.max(1, parseInt(value("id_n_seeds"), 10) || 1), steps, grid: "" };
+}
+function labelLaunch(form) {
+  const button = form.querySelector("button[type=submit]");
+  if (!button) return;
+  const { runs, grid } = launchCount(form);
+  button.textContent = grid ? `Launch experiment: ${runs} run${runs === 1 ? "" : "s"}` : runs > 1 ? `Launch ${runs} runs` : "Launch";
+}
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  if (form.id !== "launch-form" || event.defaultPrevented) return;
+  const { runs, steps, grid } = launchCount(form);
+  const name = (form.querySelector("#id_experiment") || {}).value || "";
+  if (grid && !window.confirm(`This launches the experiment "${name.trim()}": ${grid} = ${runs} runs of ${steps} steps each, not one run. Launch them?`)) event.preventDefault();
+});
+for (const type of ["input", "change"]) {
+  document.addEventListener(type, (event) => {
+    const form = event.target.closest && event.target.closest("#launch-form");
+    if (form) labelLaunch(form);
+  });
+}
+// the form is first drawn, and redrawn by htmx when a template or preset is picked
+document.addEventListener("DOMContentLoaded", () => { const f = document.getElementById("launch-form"); if (f) labelLaunch(f); });
+document.addEventListener("htmx:afterSettle", () => { const f = document.getElementById("launch-form"); if (f) labelLaunch(f); });
+
 document.addEventListener("DOMContentLoaded", () => {
   const page = document.getElementById("page-data");
   if (!page) return;

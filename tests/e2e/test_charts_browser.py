@@ -231,4 +231,29 @@ def _launch_templates(page, server: str) -> None:
         and page.input_value("#id_env") == "MiniHack-Room-5x5"
     )
     assert page.is_checked("#experiment-fields input[value='complementary']")
+    methods = page.locator("#experiment-fields input[name=experiment_methods]:checked").count()
+    seeds = page.locator("#experiment-fields input[name=experiment_seeds]:checked").count()
+    assert methods * seeds > 1
+    assert page.inner_text("#launch-form button[type=submit]") == f"Launch experiment: {methods * seeds} runs"
     _shot(page, "charts-06-launch-experiment-template")
+    # a grid asks first, in numbers; dismissing it launches nothing
+    questions = []
+
+    def dismiss(dialog):
+        questions.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", dismiss)
+    before = Run.objects.count()
+    page.click("#launch-form button[type=submit]")
+    page.wait_for_timeout(500)
+    page.remove_listener("dialog", dismiss)
+    steps = page.input_value("#id_steps")
+    assert questions == [
+        f'This launches the experiment "room-5x5": {methods} methods × {seeds} seeds = '
+        f"{methods * seeds} runs of {steps} steps each, not one run. Launch them?"
+    ]
+    assert Run.objects.count() == before and page.url.endswith("/runs/launch/")
+    # without the experiment name it is one run again
+    page.fill("#id_experiment", "")
+    assert page.inner_text("#launch-form button[type=submit]") == "Launch"
