@@ -31,7 +31,14 @@ from trainer.evaluate import evaluate
 from trainer.memory import release_freed_memory, resident_gib
 from trainer.report import Progress, Reporter, RunClock
 from trainer.rollout.base import Engine
-from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever, ShardedRunner
+from trainer.rollout.runner import (
+    Episode,
+    EpisodeRunner,
+    EpisodeSpec,
+    Retriever,
+    RolloutStats,
+    ShardedRunner,
+)
 
 Metrics = dict[str, float]
 
@@ -167,9 +174,24 @@ class TrainingLoop:
         metrics["time/step_s"] = time.perf_counter() - t0
         release_freed_memory()
         metrics["memory/rss_gib"] = resident_gib()
+        metrics |= self.rank_metrics(stats, metrics["memory/rss_gib"])
         self.reporter.on_episode_batch(step, episodes)
         self.reporter.on_step(step, metrics)
         return metrics
+
+    def rank_metrics(self, stats: RolloutStats, rss_gib: float) -> Metrics:
+        """What each rank of a torchrun group did in the step (``rank/<r>/...``: episodes it played, their
+        tokens per second, its resident memory), for the run page's per-process table; nothing on one
+        process. Every rank calls it (a collective)."""
+        if not parallel.is_sharded(self.model):
+            return {}
+        tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
+        mine = {"episodes": float(stats.played), "tokens_per_s": tokens_per_s, "rss_gib": rss_gib}
+        return {
+            f"rank/{r}/{k}": v
+            for r, values in enumerate(parallel.gather_values(mine))
+            for k, v in values.items()
+        }
 
     def evaluate(self, step: int) -> Metrics:
         """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""

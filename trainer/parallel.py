@@ -253,6 +253,16 @@ def gather_shares(share: list[T], total: int) -> list[T]:
     return whole
 
 
+def gather_values(values: dict[str, float]) -> list[dict[str, float]]:
+    """Every rank's ``values``, by rank (a collective: ``all_gather_object``); one process: its own."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return [values]
+    out: list[dict[str, float] | None] = [None] * world
+    dist.all_gather_object(out, values)
+    return out
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

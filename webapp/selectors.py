@@ -213,6 +213,19 @@ def latest_values(run_id: int, kind: str) -> dict[str, Any]:
     return row or {"step": None, "values": {}}
 
 
+def rank_table(run_id: int) -> dict[str, Any]:
+    """The newest step's per-process figures of a torchrun run (``rank/<r>/<name>`` metrics, written by
+    ``TrainingLoop.rank_metrics``): ``{"step", "ranks": [{"rank", "episodes", "tokens_per_s", "rss_gib"}]}``
+    in rank order."""
+    latest = latest_values(run_id, "train")
+    ranks: dict[int, dict[str, Any]] = {}
+    for key, value in latest["values"].items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "rank" and parts[1].isdigit():
+            ranks.setdefault(int(parts[1]), {"rank": int(parts[1])})[parts[2]] = value
+    return {"step": latest["step"], "ranks": [ranks[r] for r in sorted(ranks)]}
+
+
 LOG_FILE = "log.txt"
 """A run's progress lines (one per step and evaluation), in its folder; the run page shows the tail."""
 

@@ -12,7 +12,7 @@ from trainer.config import PRESETS, ConfigError
 from webapp.charts import flatten
 from webapp.forms import ID_MAX, LaunchForm, config_initial, int_param
 from webapp.models import Run
-from webapp.selectors import latest_values, run_get, run_log_tail, run_metrics, run_traces
+from webapp.selectors import latest_values, rank_table, run_get, run_log_tail, run_metrics, run_traces
 from webapp.services import (
     RunError,
     can_launch,
@@ -115,6 +115,7 @@ PARTIALS = {
     "latest-eval": "webapp/_latest_eval.html",
     "environment": "webapp/_run_environment.html",
     "run-log": "webapp/_run_log.html",
+    "run-processes": "webapp/_run_processes.html",
 }
 
 
@@ -134,6 +135,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         context["latest_eval"] = latest_values(run.id, "eval")
     if partial == "webapp/_run_log.html":
         context["log"] = run_log_tail(run)
+    if partial == "webapp/_run_processes.html":
+        context["processes"] = rank_table(run.id)
     if partial:
         return render(request, partial, context)
     context |= {
@@ -142,5 +145,6 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "traces": run_traces(run),
         "log": run_log_tail(run),
         "config_rows": sorted(flatten(run.config).items()),
+        "processes": rank_table(run.id),
     }
     return render(request, "webapp/run_detail.html", context)

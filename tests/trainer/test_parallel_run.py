@@ -53,4 +53,7 @@ def test_a_two_process_grpo_run_writes_each_row_once_checkpoints_shards_and_resu
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step3 = next(r for r in rows if r["kind"] == "step" and r["step"] == 3)
     assert step3["engine/weight_version"] == 4  # the resumed engine was synced (3), then stepped (4)
+    # each rank's share of the step and its memory, for the run page's process table
+    assert step3["rank/0/episodes"] == step3["rank/1/episodes"] == step3["train/episodes"] / 2
+    assert all(0.1 < step3[f"rank/{r}/rss_gib"] < 24 and step3[f"rank/{r}/tokens_per_s"] > 0 for r in (0, 1))
     assert (out / "checkpoints" / "step-000003" / "dcp" / ".metadata").exists()

@@ -1,11 +1,12 @@
-"""A run's progress inside a long phase: the reporter stores it, the run page and the API show it."""
+"""A run's progress inside a long phase (the reporter stores it, the run page and the API show it), and the
+per-process table of a run trained by several processes."""
 
 from __future__ import annotations
 
 import pytest
 
 from trainer.report import Progress
-from webapp.models import Run
+from webapp.models import MetricRow, Run
 from webapp.progress import RunReporter
 
 pytestmark = pytest.mark.django_db
@@ -43,3 +44,21 @@ def test_a_finished_run_shows_no_progress_line(client, user):
     )
     client.force_login(user)
     assert 'id="run-progress"' not in client.get(f"/runs/{run.id}/").content.decode()
+
+
+def test_a_run_on_two_processes_shows_each_ranks_share_and_memory(client, user):
+    run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config={"steps": 3, "nproc": 2})
+    client.force_login(user)
+    assert "No step has finished yet: each rank" in client.get(f"/runs/{run.id}/").content.decode()
+    values = {"train/episodes": 16.0, "rank/0/episodes": 8.0, "rank/0/tokens_per_s": 210.4,
+              "rank/0/rss_gib": 3.25, "rank/1/episodes": 8.0, "rank/1/tokens_per_s": 198.0,
+              "rank/1/rss_gib": 2.5}  # fmt: skip
+    MetricRow.objects.create(run=run, step=1, wall_time=30.0, values=values)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "Processes (2) at step 1" in page
+    assert "<td>0</td><td>8</td><td>210</td><td>3.25 GiB</td>" in page
+    assert "<td>1</td><td>8</td><td>198</td><td>2.50 GiB</td>" in page
+    one = Run.objects.create(
+        name="one", owner=user, status=Run.Status.RUNNING, config={"steps": 3, "nproc": 1}
+    )
+    assert 'id="run-processes"' not in client.get(f"/runs/{one.id}/").content.decode()

@@ -162,6 +162,8 @@ class RolloutStats:
     env_s: float = 0.0
     retrieve_s: float = 0.0
     wall_s: float = 0.0
+    played: int = 0
+    """Episodes this process played itself (a rank of a torchrun group plays its share of ``episodes``)."""
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
         wall = max(self.wall_s, 1e-9)
@@ -435,7 +437,7 @@ class ShardedRunner:
         from trainer import parallel  # torch.distributed: only where a run trains
 
         episodes, stats = self.inner.run(parallel.rank_share(specs), **options)
-        stats.episodes = len(specs)
+        stats.played, stats.episodes = stats.episodes, len(specs)
         return parallel.gather_shares(episodes, len(specs)), stats
 
     def close(self) -> None:
