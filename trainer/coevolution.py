@@ -43,7 +43,7 @@ from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack, TrackJournal
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
-from trainer.report import BaseReporter, Reporter
+from trainer.report import BaseReporter, Progress, Reporter
 from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
@@ -280,6 +280,7 @@ class CoevolutionLoop(TrainingLoop):
             warmup_steps=cfg.experience.warmup_steps,
             cancel=self.cancel,
             journal=Path(self.out_dir) / JOURNAL_FILE,
+            progress=Progress(self.reporter, track="extractor"),
         )
 
     def run(self) -> Metrics:

@@ -90,15 +90,19 @@ class Progress:
     (``on_progress``) get a snapshot at the phase's start, at most every ``every_s`` seconds meanwhile, and
     when its last unit finishes, so a ten-minute evaluation is never a silent "step 0 of 3"."""
 
-    def __init__(self, reporter: Reporter | None, every_s: float = 2.0) -> None:
+    def __init__(self, reporter: Reporter | None, every_s: float = 2.0, *, track: str = "") -> None:
+        """``track``: whose phases these are when not the actor loop's (``"extractor"``: πϕ's background
+        work, which runs beside the loop's phases and is shown beside them)."""
         self.reporter = reporter
         self.every_s = every_s
+        self.track = track
         self.step, self.phase, self.unit = 0, "", ""
         self.done, self.total = 0, 0
         self.started = self.sent = 0.0
 
-    def start(self, step: int, phase: str, unit: str = "", total: int = 0) -> None:
-        self.step, self.phase, self.unit, self.done, self.total = step, phase, unit, 0, total
+    def start(self, step: int, phase: str, unit: str = "", total: int = 0, done: int = 0) -> None:
+        """A phase begins (``done``: units of it already finished, for a phase taken up again)."""
+        self.step, self.phase, self.unit, self.done, self.total = step, phase, unit, done, total
         self.started = time.monotonic()
         self._send()
 
@@ -109,15 +113,16 @@ class Progress:
         if done == self.done:
             return
         self.done = done
-        if done >= self.total or time.monotonic() - self.sent >= self.every_s:
+        if (self.total and done >= self.total) or time.monotonic() - self.sent >= self.every_s:
             self._send()
 
     def snapshot(self) -> dict[str, Any]:
         elapsed = time.monotonic() - self.started
         left = elapsed / self.done * (self.total - self.done) if self.done and self.total else None
         eta = None if left is None else round(left, 1)
-        return {"phase": self.phase, "unit": self.unit, "done": self.done, "total": self.total,
-                "elapsed_s": round(elapsed, 1), "eta_s": eta}  # fmt: skip
+        snapshot = {"phase": self.phase, "unit": self.unit, "done": self.done, "total": self.total,
+                    "elapsed_s": round(elapsed, 1), "eta_s": eta}  # fmt: skip
+        return snapshot | ({"track": self.track} if self.track else {})
 
     def _send(self) -> None:
         self.sent = time.monotonic()

@@ -7,6 +7,7 @@ record and the replay cursor: a browser that connects late catches up from them 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -77,9 +78,20 @@ class RunReporter(BaseReporter):
         EpisodeRecord.objects.bulk_create(episode_record(self.run, step, ep) for ep in episodes)
 
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
-        """Stored on the run (its page and the API read it) and sent live; a beat, since the run is alive."""
-        self._beat(progress={"step": step, **progress})
-        self._broadcast({"kind": "progress", "step": step, **progress})
+        """Stored on the run (its page and the API read it) and sent live; a beat, since the run is alive.
+
+        The loop's phase is the progress itself; a track's (the extractor's, from its own thread) is kept
+        under its name beside it. Both are merged into the stored JSON in one statement, so neither thread
+        overwrites what the other wrote."""
+        snapshot = {"step": step, **progress}
+        patch = {progress["track"]: snapshot} if progress.get("track") else snapshot
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {Run._meta.db_table} SET progress = progress || %s::jsonb, heartbeat_at = %s "
+                "WHERE id = %s",
+                [json.dumps(patch), timezone.now(), self.run.pk],
+            )
+        self._broadcast({"kind": "progress", **snapshot})
 
     def on_trace(self, step: int, trace: Mapping[str, Any]) -> None:
         self._broadcast({"kind": "trace", "step": step, **{k: str(v)[:2000] for k, v in trace.items()}})

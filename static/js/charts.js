@@ -257,10 +257,11 @@ const Studio = (() => {
       return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
     }
     function showProgress(p) {
-      const el = document.getElementById("run-progress");
+      const el = document.getElementById(p.track === "extractor" ? "run-extractor-progress" : "run-progress");
       if (!el || !p.phase) return;
       const parts = [p.phase];
       if (p.total) parts.push((p.done + " of " + p.total + " " + (p.unit || "")).trim());
+      else if (p.done) parts.push((p.done + " " + (p.unit || "")).trim());
       parts.push(duration(p.elapsed_s));
       if (p.eta_s !== null && p.eta_s !== undefined && p.done < p.total) parts.push("about " + duration(p.eta_s) + " left");
       el.textContent = parts.join(" · ");

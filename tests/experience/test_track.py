@@ -4,15 +4,18 @@ checkpoint keeps the unfinished work, and a resumed track does exactly what the 
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
 
+from tests.trainer.recording import Recorder
 from trainer.extractor.credit import CreditBuffer
 from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack
 from trainer.models import default_model_path, load_tokenizer, prepare_default_models
+from trainer.report import Progress
 from trainer.rollout import make_engine
 from trainer.store import Add, Generation
 
@@ -56,7 +59,9 @@ def test_episodes_that_arrive_during_a_merge_pass_are_distilled_between_its_chun
 ):
     monkeypatch.setattr(manager, "merge_chunk", 2)
     manager.apply([Add(SCOPE, t, c) for t, c in LESSONS], step=1)
-    track = ExtractorTrack(extractor, manager, CreditBuffer(8), scopes=[SCOPE])
+    heard = Recorder()
+    progress = Progress(heard, every_s=0, track="extractor")
+    track = ExtractorTrack(extractor, manager, CreditBuffer(8), scopes=[SCOPE], progress=progress)
 
     def finish_a_step(track):  # the actor finishes a step, and asks for the next merge
         track.submit(2, [_episode(0), _episode(1)], [])
@@ -66,6 +71,16 @@ def test_episodes_that_arrive_during_a_merge_pass_are_distilled_between_its_chun
     distilled_at_chunk = _merge_while_the_actor_goes_on(track, "distilled", finish_a_step, monkeypatch)
     assert distilled_at_chunk[:2] == [0, 2]  # not after the whole pass
     assert track.counts["merges"] == 2 and track.counts["merges_coalesced"] == 1
+    # what the run page heard from the track's thread: the pass's chunks counted up, the episodes that
+    # arrived distilled in between (both of them), then the pass again where it had stopped
+    phases = [e[2:4] for e in heard.events]
+    assert phases[0] == ("extractor: merging", 0) and ("extractor: distilling", 2) in phases
+    merging = [done for phase, done in phases if phase == "extractor: merging"]
+    # counting up; 0: the next pass
+    assert all(b >= a or b == 0 for a, b in itertools.pairwise(merging))
+    assert merging.count(0) == track.counts["merges"] and max(merging) >= 1
+    after = phases[phases.index(("extractor: distilling", 2)) + 1 :]
+    assert after and after[0][0] == "extractor: merging"
 
 
 def _merge_while_the_actor_goes_on(track, counter, during_first_chunk, monkeypatch) -> list[float]:

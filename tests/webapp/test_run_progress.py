@@ -62,3 +62,21 @@ def test_a_run_on_two_processes_shows_each_ranks_share_and_memory(client, user):
         name="one", owner=user, status=Run.Status.RUNNING, config={"steps": 3, "nproc": 1}
     )
     assert 'id="run-processes"' not in client.get(f"/runs/{one.id}/").content.decode()
+
+
+def test_the_extractors_work_is_shown_beside_the_loops_phase_and_neither_overwrites_the_other(client, user):
+    run = Run.objects.create(name="c", owner=user, status=Run.Status.RUNNING, method="complementary")
+    reporter = RunReporter(run)
+    loop, track = Progress(reporter, every_s=0), Progress(reporter, every_s=0, track="extractor")
+    loop.start(3, "rollouts", "episodes", 16)
+    track.start(2, "extractor: merging", "chunks")
+    track.advance(4)  # a count without a known end
+    loop.advance(5)
+    run.refresh_from_db()
+    assert run.progress["phase"] == "rollouts" and run.progress["done"] == 5
+    assert (
+        run.progress["extractor"]["phase"] == "extractor: merging" and run.progress["extractor"]["done"] == 4
+    )
+    client.force_login(user)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "rollouts · 5 of 16 episodes · " in page and "extractor: merging · 4 chunks · " in page

@@ -46,6 +46,7 @@ from trainer.extractor.credit import CreditBuffer, generation_key
 from trainer.extractor.model import DistilRequest, Extractor, job_counts
 from trainer.extractor.update import ExtractorUpdate
 from trainer.memory import release_freed_memory
+from trainer.report import Progress
 from trainer.store import ExperienceStore, Generation, GuidedOutcome
 
 Metrics = dict[str, float]
@@ -141,6 +142,10 @@ def _item_of(journal_key: str) -> str:
     return journal_key.split("/", 1)[0]
 
 
+MERGING = "extractor: merging"
+"""The progress phase of a merge pass (``Progress``)."""
+
+
 class ExtractorTrack:
     """Runs πϕ's side of the loop on a background thread (see the module docstring)."""
 
@@ -156,11 +161,13 @@ class ExtractorTrack:
         distil_batch: int = 16,
         cancel: CancelToken | None = None,
         journal: Path | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """``update=None``: πϕ stays frozen (static_online) but still keeps the bank online. ``cancel``:
         once set, queued work is dropped and the current item stops at its next batch or micro-batch (both
         stay in the checkpoint's unfinished items). ``journal``: the file of finished work (see
-        ``TrackJournal``); the run's folder keeps it across attempts."""
+        ``TrackJournal``); the run's folder keeps it across attempts. ``progress``: where πϕ's work is
+        (distilling a step's episodes, merging, a CISPO update), reported from the track's thread."""
         self.extractor = extractor
         self.store = store
         self.buffer = buffer
@@ -168,6 +175,7 @@ class ExtractorTrack:
         self.update = update
         self.warmup_steps = warmup_steps
         self.distil_batch = distil_batch
+        self.progress = progress or Progress(None)
         self.cancel = cancel or CancelToken()
         if update is not None:
             update.cancel = self.cancel
@@ -441,8 +449,10 @@ class ExtractorTrack:
 
     def _distil(self, item: _Episodes) -> None:
         requests = item.requests
+        self.progress.start(item.step, "extractor: distilling", "episodes", len(requests))
         for i in range(0, len(requests), self.distil_batch):
             batch_key = f"{item.key}/{i}"
+            self.progress.advance(i)
             if batch_key in self.journal.finished:
                 continue  # finished by the attempt that checkpointed this item
             self.cancel.check()
@@ -462,22 +472,30 @@ class ExtractorTrack:
                 "apply_s": time.perf_counter() - t1,
             }
             self._finish(batch_key, "distil", counts)
+        self.progress.advance(len(requests))
 
     def _merge(self, item: _Merge) -> None:
         """A merge the lost attempt left half done is done again whole: a pass over a merged bank."""
         if item.key in self.journal.finished:
             return
         self._begin("merge")
+        self.progress.start(item.step, MERGING, "chunks")
         t0 = time.perf_counter()
         merge_fn = self.extractor.merge_fn
         counts: Counter = Counter()
         merge_keys: list[str] = []
+        chunks_done = 0
 
         def remember(chunk):  # merged entries' generations are credited as merges
+            nonlocal chunks_done
             self._catch_up()
             self._distil_arrivals()
+            if self.progress.phase != MERGING:  # the pass again, after distilling arrivals between chunks
+                self.progress.start(item.step, MERGING, "chunks", done=chunks_done)
+            self.progress.advance(chunks_done)
             self.cancel.check()
             plan = merge_fn(chunk)
+            chunks_done += 1
             if plan.generation is not None:
                 merge_keys.append(generation_key(plan.generation))
                 self._merge_keys.add(merge_keys[-1])
@@ -502,6 +520,7 @@ class ExtractorTrack:
             return
         while self.buffer.ready():
             t0 = time.perf_counter()
+            self.progress.start(self.latest_step, "extractor: CISPO update")
             with self.update_lock:
                 batch = self.buffer.take()
                 metrics = self.update.step(batch, self.extractor)

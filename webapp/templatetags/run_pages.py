@@ -117,6 +117,8 @@ def progress_line(progress: dict[str, Any]) -> str:
     parts = [str(progress["phase"])]
     if progress.get("total"):
         parts.append(f"{progress.get('done', 0)} of {progress['total']} {progress.get('unit', '')}".rstrip())
+    elif progress.get("done"):  # a count whose end is not known ahead (a merge pass's chunks)
+        parts.append(f"{progress['done']} {progress.get('unit', '')}".rstrip())
     parts.append(_duration(progress.get("elapsed_s") or 0))
     if progress.get("eta_s") is not None and progress.get("done", 0) < progress.get("total", 0):
         parts.append(f"about {_duration(progress['eta_s'])} left")
