@@ -231,6 +231,9 @@ class ImportJob(models.Model):
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    phase_started_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its current phase (validating, embedding, writing) began."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = ImportJobQuerySet.as_manager()

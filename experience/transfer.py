@@ -318,8 +318,13 @@ def run_job(
     marks the job failed with its message, removes the staged rows and is raised again; nothing changes.
     ``writing`` guards the final pass (the run's writer lock)."""
 
+    phase = {"status": None}
+
     def progress(status: str, done: int) -> None:
-        ImportJob.objects.filter(pk=job.pk).update(status=status, done=done, updated_at=timezone.now())
+        now = timezone.now()
+        began = {"phase_started_at": now} if status != phase["status"] else {}  # a new phase: its clock
+        phase["status"] = status
+        ImportJob.objects.filter(pk=job.pk).update(status=status, done=done, updated_at=now, **began)
 
     try:
         progress(ImportJob.Status.VALIDATING, 0)

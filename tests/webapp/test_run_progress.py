@@ -80,3 +80,20 @@ def test_the_extractors_work_is_shown_beside_the_loops_phase_and_neither_overwri
     client.force_login(user)
     page = client.get(f"/runs/{run.id}/").content.decode()
     assert "rollouts · 5 of 16 episodes · " in page and "extractor: merging · 4 chunks · " in page
+
+
+def test_an_import_shows_its_phase_count_time_and_estimate(user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from experience.models import ImportJob
+    from webapp.templatetags.run_pages import import_progress_line
+
+    job = ImportJob(
+        status="embedding", lines=100, done=25, phase_started_at=timezone.now() - timedelta(seconds=60)
+    )
+    line = import_progress_line(job)
+    assert line.startswith("embedding · 25 of 100 lines · 1m 00s · about 3m 0")  # 75 more at 2.4 s each
+    job.status, job.lines, job.done = "validating", 0, 40  # the line count is not known yet
+    assert import_progress_line(job).startswith("validating · 40 lines · ")

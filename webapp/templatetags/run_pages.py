@@ -123,3 +123,16 @@ def progress_line(progress: dict[str, Any]) -> str:
     if progress.get("eta_s") is not None and progress.get("done", 0) < progress.get("total", 0):
         parts.append(f"about {_duration(progress['eta_s'])} left")
     return " · ".join(parts)
+
+
+@register.filter
+def import_progress_line(job) -> str:
+    """An import job's phase as a run's: ``embedding · 3000 of 10627 lines · 1m 20s · about 2m 05s left``."""
+    from django.utils import timezone
+
+    elapsed = (timezone.now() - job.phase_started_at).total_seconds() if job.phase_started_at else 0.0
+    total = job.lines if job.status != "validating" else 0  # the line count is known after validation
+    left = elapsed / job.done * (total - job.done) if job.done and total else None
+    progress = {"phase": job.status, "unit": "lines", "done": job.done, "total": total, "elapsed_s": elapsed,
+                "eta_s": left}  # fmt: skip
+    return progress_line(progress)
