@@ -192,6 +192,9 @@ def main() -> None:
         result = run_steps(placement, out) if mode == "steps" else run_resume(placement, out)
     if placement.rank == 0:
         torch.save(result, out / f"{mode}-{placement.world_size}.pt")
+    # every rank leaves the group together: a rank tearing gloo down while rank 0 still writes its result
+    # aborted once ("terminate called without an active exception", SIGABRT) in a full suite run
+    parallel.barrier()
     parallel.destroy()
 
 
