@@ -347,11 +347,8 @@ def part_update(args: argparse.Namespace) -> dict | None:
     from trainer.models import load_causal_lm
     from trainer.rollout.runner import Episode, EpisodeSpec, Segment
 
-    path = (
-        qwen_folder(args) if parallel.is_main() or "RANK" not in os.environ else args.out / "qwen1.5b-random"
-    )
+    path = qwen_folder(args)  # one process, or the one rank of torchrun --nproc-per-node 1
     placement = parallel.init_distributed(args.device)
-    parallel.barrier()
     model = parallel.parallelize(load_causal_lm(path), placement, activation_checkpointing=True)
     n_params = sum(parallel.full_tensor(p.detach()).numel() for p in model.parameters())
     vocab = model.config.vocab_size

@@ -43,7 +43,7 @@ from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack, TrackJournal
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
-from trainer.report import BaseReporter, Progress, Reporter
+from trainer.report import BaseReporter, Progress, Reporter, report_progress
 from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
@@ -232,9 +232,7 @@ class _Reporter(BaseReporter):
         on_trace(self.inner, step, trace)
 
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
-        hook = getattr(self.inner, "on_progress", None)
-        if hook is not None:
-            hook(step, progress)
+        report_progress(self.inner, step, progress)
 
     def should_stop(self) -> bool:
         return self.inner.should_stop()

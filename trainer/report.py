@@ -126,9 +126,14 @@ class Progress:
 
     def _send(self) -> None:
         self.sent = time.monotonic()
-        hook = getattr(self.reporter, "on_progress", None)
-        if hook is not None:
-            hook(self.step, self.snapshot())
+        report_progress(self.reporter, self.step, self.snapshot())
+
+
+def report_progress(reporter: Reporter | None, step: int, progress: Mapping[str, Any]) -> None:
+    """Hand ``progress`` to a reporter that takes it (``on_progress``); others skip it."""
+    hook = getattr(reporter, "on_progress", None)
+    if hook is not None:
+        hook(step, progress)
 
 
 class Reporters(BaseReporter):
@@ -161,9 +166,7 @@ class Reporters(BaseReporter):
 
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
         for r in self.reporters:
-            hook = getattr(r, "on_progress", None)
-            if hook is not None:
-                hook(step, progress)
+            report_progress(r, step, progress)
 
     def should_stop(self) -> bool:
         return any(r.should_stop() for r in self.reporters)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from django import template
+from django.utils import timezone
 
 from trainer.checkpoint import find_checkpoint
 from webapp.charts import flatten
@@ -128,8 +129,6 @@ def progress_line(progress: dict[str, Any]) -> str:
 @register.filter
 def import_progress_line(job) -> str:
     """An import job's phase as a run's: ``embedding · 3000 of 10627 lines · 1m 20s · about 2m 05s left``."""
-    from django.utils import timezone
-
     elapsed = (timezone.now() - job.phase_started_at).total_seconds() if job.phase_started_at else 0.0
     total = job.lines if job.status != "validating" else 0  # the line count is known after validation
     left = elapsed / job.done * (total - job.done) if job.done and total else None
