@@ -98,7 +98,7 @@ def worker(args) -> None:
         update.step(episodes)
         times.append(time.perf_counter() - t0)
     peak = matmul_peak()
-    peaks = parallel.all_sum([peak], torch.device("cpu"))[0]  # the group's peak: every process's own
+    peaks = parallel.all_sum([peak], model)[0]  # the group's peak: every process's own
     if placement.rank == 0:
         step_s = statistics.median(times)
         result = {"step_s": step_s, "flops": 6 * n_params * tokens / step_s, "peak": peaks,

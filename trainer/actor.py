@@ -137,7 +137,7 @@ class ActorUpdate:
         # linear in A): skip its forward and backward. A step with no signal at all takes no optimiser step.
         rows = sorted((r for r in every if r.adv != 0.0), key=lambda r: r.segment.num_ids)  # less padding
         metrics["actor/skipped_rows"] = float(len(every) - len(rows))
-        mbs = parallel.rank_micro_batches(rows, self.cfg.micro_batch_size)
+        mbs = parallel.rank_micro_batches(rows, self.cfg.micro_batch_size, *parallel.trainers_of(self.model))
         # a rank with nothing left still joins the sharded forward and backward: one row, weighted 0
         fillers = [not mb for mb in mbs]
         mbs = [mb or [dataclasses.replace(rows[0], weight=0.0)] for mb in mbs]
@@ -192,7 +192,7 @@ class ActorUpdate:
             else ([every[:1]], [self._old_logp(every[:1])])
         )
         metrics |= self._engine_mismatch(*checked)
-        total_loss, n_tok, *summed = parallel.all_sum([total_loss, n_tok, *sums.values()], self.device)
+        total_loss, n_tok, *summed = parallel.all_sum([total_loss, n_tok, *sums.values()], self.model)
         sums = dict(zip(sums, summed, strict=True))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if rows:
@@ -242,8 +242,8 @@ class ActorUpdate:
                 diffs.append((engine - mb_old[i, : len(m)].cpu()[m]).abs())
         diff = torch.cat(diffs)
         # every rank judges the whole batch, so all raise or none does
-        total, count = parallel.all_sum([float(diff.sum()), diff.numel()], self.device)
-        top = parallel.all_max(float(diff.max()) if diff.numel() else 0.0, self.device)
+        total, count = parallel.all_sum([float(diff.sum()), diff.numel()], self.model)
+        top = parallel.all_max(float(diff.max()) if diff.numel() else 0.0, self.model)
         if not count:
             return {}
         mean = total / count

@@ -35,7 +35,7 @@ from trainer.checkpoint import (
     load_sharded_checkpoint,
     read_checkpoint,
 )
-from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, work_left
+from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, HelperRankLoop, work_left
 from trainer.config import ConfigError, ExtractorConfig, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.experiments.files import FAILURES_FILE
@@ -176,8 +176,6 @@ def join_group(cfg: RunConfig) -> parallel.Placement:
             f"with python -m trainer.train --nproc {cfg.nproc} (which launches torchrun), or set nproc to "
             "torchrun's total number of processes"
         )
-    if why := cfg.not_yet_supported():
-        raise ConfigError(why)
     return placement
 
 
@@ -206,13 +204,13 @@ def train(
     Returns the last metrics and the loop (its ``last_checkpoint``, ``model`` ...).
     """
     out_dir = Path(out_dir)
-    if cfg.uses_experience and store is None:
+    make_mixture(cfg.env)  # an unknown env fails before anything loads
+    placement = join_group(cfg)
+    if cfg.uses_experience and store is None and parallel.is_main():  # the bank lives on rank 0 alone
         raise ConfigError(
             f"method {cfg.method!r} uses the experience bank, which needs the database: pass an experience "
             "store (manage.py train makes one)"
         )
-    make_mixture(cfg.env)  # an unknown env fails before anything loads
-    placement = join_group(cfg)
     state = read_resume_point(cfg, resume, out_dir)
     tokenizer, model, actor = prepare_actor(cfg, out_dir, state, placement)
     if not parallel.is_main():  # rank 0 alone writes files and reports
@@ -240,10 +238,25 @@ def train(
             loop = TrainingLoop(cfg, retrieve=retrieve, **common)
             return loop.run(), loop
         if extractor_engine is None:
+            # on every rank: vLLM's external launcher starts an engine with the whole group (a collective)
             extractor_engine = build_extractor_engine(cfg)
             owned.callback(extractor_engine.close)
-        extractor, x_update = build_extractor(cfg, extractor_engine, state, out_dir)
-        loop = CoevolutionLoop(cfg, store=store, extractor=extractor, extractor_update=x_update, **common)
-        if state is not None and (state.path / "extractor" / STATE_FILE).exists():
-            loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))
-        return loop.run(), loop
+        if parallel.is_main():
+            loop = coevolution_loop(cfg, state, store, extractor_engine, **common)
+        else:  # a helper rank: plays free episodes and trains its shards; πϕ's engine stays idle here
+            loop = HelperRankLoop(cfg, **common)
+        metrics = loop.run()
+        parallel.barrier()  # the helper ranks wait for rank 0's extractor work before the group ends
+        return metrics, loop
+
+
+def coevolution_loop(
+    cfg: RunConfig, state: CheckpointState | None, store: ExperienceStore, extractor_engine: Engine, **common
+) -> CoevolutionLoop:
+    """Rank 0's (or the one process's) loop of a method that uses experience: πϕ over its engine, trained
+    when the method trains it, with the extractor track's state when resuming."""
+    extractor, x_update = build_extractor(cfg, extractor_engine, state, common["out_dir"])
+    loop = CoevolutionLoop(cfg, store=store, extractor=extractor, extractor_update=x_update, **common)
+    if state is not None and (state.path / "extractor" / STATE_FILE).exists():
+        loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))
+    return loop

@@ -252,11 +252,13 @@ def save_sharded_checkpoint(
     engine_version: int,
     elapsed_s: float,
     config: RunConfig,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """``save_checkpoint`` for a model sharded over a torchrun group (every rank calls it): weights and
     optimiser state in ``dcp/`` (each rank its shards), the whole actor as a Hugging Face folder too (any
-    engine or evaluation loads it), RNG states and ``state.json`` from rank 0. ``out_dir`` must be one
-    folder for every rank (on several nodes: a shared filesystem)."""
+    engine or evaluation loads it), RNG states and ``state.json`` from rank 0, and what rank 0's ``extra``
+    writes (the extractor's parts, which live on rank 0). ``out_dir`` must be one folder for every rank (on
+    several nodes: a shared filesystem)."""
     from trainer import parallel
 
     final = checkpoint_dir(out_dir, step)
@@ -275,6 +277,8 @@ def save_sharded_checkpoint(
         torch.save(rng, tmp / "rng.pt")
         state = dict(step=step, engine_version=engine_version, elapsed_s=elapsed_s, config=config.to_dict())
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+        if extra is not None:
+            extra(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     parallel.barrier()

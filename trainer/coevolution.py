@@ -377,6 +377,32 @@ class CoevolutionLoop(TrainingLoop):
         )
 
 
+class RankZeroBank:
+    """A helper rank's stand-in for the bank in a multi-process run that uses experience. Guided episodes
+    play on rank 0 (``parallel.owners``), so it is never asked; passing it as the retriever makes a helper
+    rank play both evaluation columns, and so join every gather, with rank 0."""
+
+    def __call__(self, queries: Sequence[RetrievalQuery]) -> list[Experience | None]:
+        raise RuntimeError("a helper rank was asked to retrieve, but guided episodes play on rank 0")
+
+
+@dataclass
+class HelperRankLoop(TrainingLoop):
+    """Ranks 1..N-1 of a multi-process run that uses experience (DESIGN §7): the actor's loop, making the
+    same collectives as rank 0's ``CoevolutionLoop`` (rollout gathers, sharded updates and syncs, both
+    evaluation columns, checkpoints) while playing the free episodes it owns. The bank, the extractor track
+    and Search-and-Ask live on rank 0 alone, so entries are distilled and written once; this rank reports
+    nothing."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.retrieve = RankZeroBank()
+
+    def evaluate(self, step: int) -> Metrics:
+        self.progress.start(step, "evaluation", "episodes")
+        return evaluate(self.eval_runner, self.cfg.env, self.cfg.eval_episodes, retrieve=self.retrieve)
+
+
 def work_left(out_dir: Path, checkpoint: Path) -> bool:
     """Whether a checkpoint holds extractor work that the lost attempt did not finish after it (credits to
     settle, items its journal in ``out_dir`` does not list): a run that died after its last step must still

@@ -233,6 +233,7 @@ class TrainingLoop:
             engine_version=self.engine.weight_version,
             elapsed_s=self.clock(),
             config=self.cfg,
+            extra=self.save_more,
         )
         self.checkpointed_at = time.monotonic()
         if parallel.is_main():

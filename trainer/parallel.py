@@ -182,17 +182,23 @@ def rank_micro_batches(
     return [mine[i * per : (i + 1) * per] for i in range(n_mb)]
 
 
-def all_sum(values: Sequence[float], device: torch.device) -> list[float]:
-    """Sum plain floats over ranks (metrics and checks that must agree everywhere)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
+def trainers_of(model: torch.nn.Module) -> tuple[int, int]:
+    """(this rank, ranks) among the processes that train ``model`` together: the whole group when it is
+    sharded, this process alone when it is not (πϕ on rank 0 of a multi-process run)."""
+    return _rank_and_world() if is_sharded(model) else (0, 1)
+
+
+def all_sum(values: Sequence[float], model: torch.nn.Module) -> list[float]:
+    """Sum plain floats over the ranks that train ``model`` (metrics and checks that must agree on all)."""
+    t = torch.tensor(values, dtype=torch.float64, device=model_device(model))
+    if is_sharded(model):
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
 
-def all_max(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
+def all_max(value: float, model: torch.nn.Module) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=model_device(model))
+    if is_sharded(model):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 
@@ -217,9 +223,14 @@ def named_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.T
         yield name, full_tensor(p.detach())
 
 
+def rank() -> int:
+    """This process's rank in its torchrun group (0 on its own)."""
+    return _rank_and_world()[0]
+
+
 def is_main() -> bool:
     """Rank 0 (or the one process): the rank that writes files, reports and talks to the database."""
-    return _rank_and_world()[0] == 0
+    return rank() == 0
 
 
 def any_rank(flag: bool) -> bool:
@@ -233,24 +244,36 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item())
 
 
-def rank_share(items: Sequence[T]) -> list[T]:
-    """This rank's share of ``items``: every world_size-th, starting at its rank."""
-    rank, world = _rank_and_world()
-    return list(items[rank::world])
+def owners(guided: Sequence[bool], world: int | None = None) -> list[int]:
+    """Which rank plays each episode (by position; ``guided``: whether each is experience-guided).
+
+    Guided episodes play on rank 0, the one rank that holds the experience bank, the extractor and
+    Search-and-Ask (``trainer.assemble``); each free episode goes to the rank with the fewest so far, the
+    lowest on ties. Without guided episodes that is every world_size-th, from rank 0. Every rank computes
+    the same answer from the specs alone."""
+    if world is None:
+        world = _rank_and_world()[1]
+    load = [0] * world
+    load[0] = sum(guided)
+    out = []
+    for g in guided:
+        rank = 0 if g else min(range(world), key=lambda r: (load[r], r))
+        load[rank] += 0 if g else 1
+        out.append(rank)
+    return out
 
 
-def gather_shares(share: list[T], total: int) -> list[T]:
-    """Every rank's ``rank_share`` result, back in the order of the items they came from (a collective:
-    ``all_gather_object``, so every rank holds the whole list afterwards)."""
+def gather_owned(mine: list[T], owned_by: Sequence[int]) -> list[T]:
+    """Every rank's results for the items it owns (``owned_by[i]``: item i's rank, ``mine``: this rank's
+    in item order), back in the order of all items (a collective: ``all_gather_object``, so every rank
+    holds the whole list afterwards)."""
     rank, world = _rank_and_world()
     if world == 1:
-        return share
+        return mine
     parts: list[list[T] | None] = [None] * world
-    dist.all_gather_object(parts, share)
-    whole: list = [None] * total
-    for r, part in enumerate(parts):
-        whole[r::world] = part
-    return whole
+    dist.all_gather_object(parts, mine)
+    by_rank = [iter(part) for part in parts]
+    return [next(by_rank[r]) for r in owned_by]
 
 
 def gather_values(values: dict[str, float]) -> list[dict[str, float]]:

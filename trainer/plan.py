@@ -273,8 +273,6 @@ class Plan:
     step_s: float
     eval_s: float
     notes: tuple[str, ...] = field(default=())
-    unsupported: str | None = None
-    """Why the launch cannot run with this version whatever its devices (``RunConfig.not_yet_supported``)."""
 
     def device_bytes(self) -> int:
         """Peak bytes per device: everything on CPU, where host and device are one memory."""
@@ -291,11 +289,7 @@ class Plan:
         return f"{what} would take ~{_duration(slowest)} (estimate; the limit is {MAX_PHASE_HOURS:g} h)"
 
     def shortfall(self, devices: Devices) -> str | None:
-        """Why the plan does not fit ``devices`` (None when it does); a launch this version cannot run is
-        told so once it would fit."""
-        return self._device_shortfall(devices) or self.unsupported
-
-    def _device_shortfall(self, devices: Devices) -> str | None:
+        """Why the plan does not fit ``devices`` (None when it does)."""
         if devices.kind != self.kind:
             return f"it is planned for {self.kind} devices, the worker has {devices.kind}"
         if devices.count < self.nproc:
@@ -341,7 +335,8 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     if cfg.extractor_trains:
         x_seq = _extractor_seq(cfg)
         x_own = cfg.extractor.max_new_tokens
-        parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc)
+        # rank 0 trains πϕ alone, unsharded, beside its extractor track (trainer.assemble)
+        parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, 1)
     parts += _engine_parts("actor", actor, cfg, cfg.rollout.kv_cache_gib, kind, _live_per_rank(cfg, nproc))
     if cfg.uses_experience:
         x_cache = cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib
@@ -352,7 +347,11 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     )
     parts.append(Part("process overhead (measured)", PROCESS_OVERHEAD_BYTES, True))
     step_s, eval_s = _step_seconds(cfg, actor, extractor, kind, nproc), _eval_seconds(cfg, actor, kind, nproc)
-    return Plan(tuple(parts), nproc, kind, step_s, eval_s, unsupported=cfg.not_yet_supported())
+    notes = ()
+    if cfg.uses_experience and nproc > 1:
+        notes = ("rank 0 (the figures above) plays every guided episode and holds the bank, the extractor "
+                 "track and πϕ's trainer; the other ranks play the free episodes",)  # fmt: skip
+    return Plan(tuple(parts), nproc, kind, step_s, eval_s, notes)
 
 
 # ---- trained models -------------------------------------------------------------------------------
@@ -479,10 +478,20 @@ def _envs_per_batch(cfg: RunConfig) -> int:
 
 
 def _live_per_rank(cfg: RunConfig, nproc: int) -> int:
-    """Episodes alive at once in one process: a step's rollouts, or one evaluation column (every env of the
-    mixture plays its ``eval_episodes`` in one batch), shared out over the ranks."""
-    most = max(cfg.rollouts_per_step, cfg.eval_episodes * _envs_per_batch(cfg))
-    return math.ceil(most / nproc)
+    """Episodes alive at once in the busiest process: a step's rollouts, or one evaluation column (every env
+    of the mixture plays its ``eval_episodes`` in one batch), shared out over the ranks; rank 0 plays every
+    guided one (``trainer.parallel.owners``)."""
+    column = cfg.eval_episodes * _envs_per_batch(cfg)
+    shared = math.ceil(max(cfg.rollouts_per_step, column) / nproc)
+    if not cfg.uses_experience or nproc == 1:
+        return shared
+    return max(shared, cfg.tasks_per_step * cfg.guided_per_task, column)
+
+
+def _rollout_ranks(cfg: RunConfig, nproc: int) -> float:
+    """How many ranks a step's rollouts effectively spread over: rank 0's guided share sets the pace."""
+    busiest = max(math.ceil(cfg.rollouts_per_step / nproc), cfg.tasks_per_step * cfg.guided_per_task)
+    return cfg.rollouts_per_step / busiest if nproc > 1 else 1
 
 
 def _episodes_bytes(cfg: RunConfig, nproc: int) -> int:
@@ -492,7 +501,7 @@ def _episodes_bytes(cfg: RunConfig, nproc: int) -> int:
 # ---- time -----------------------------------------------------------------------------------------
 
 
-def _rollout_seconds(episodes: int, cfg: RunConfig, shape: ModelShape, kind: str, nproc: int) -> float:
+def _rollout_seconds(episodes: int, cfg: RunConfig, shape: ModelShape, kind: str, nproc: float) -> float:
     generated = episodes * _turns(cfg) * cfg.rollout.max_new_tokens
     return 2 * shape.params() * generated / FLOPS[kind]["rollout"] / nproc
 
@@ -509,23 +518,26 @@ def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind
     """Rollouts, the actor's update on the episodes it trains, and πϕ's share: one distillation per
     finished episode and one CISPO step per ``buffer_size`` generations."""
     episodes = cfg.rollouts_per_step
-    seconds = _rollout_seconds(episodes, cfg, actor, kind, nproc)
+    seconds = _rollout_seconds(episodes, cfg, actor, kind, _rollout_ranks(cfg, nproc))
     if cfg.actor_trains:
         trained = episodes * TRAINED_FRACTION * _actor_seq(cfg)
         seconds += _update_seconds(trained, actor, cfg.actor, kind, nproc)
-    if cfg.uses_experience:
+    if cfg.uses_experience:  # on rank 0 alone
         distil = episodes * cfg.extractor.max_new_tokens
-        seconds += 2 * extractor.params() * distil / FLOPS[kind]["rollout"] / nproc
+        seconds += 2 * extractor.params() * distil / FLOPS[kind]["rollout"]
     if cfg.extractor_trains:
         tokens = min(episodes, cfg.extractor.buffer_size) * _extractor_seq(cfg)
-        seconds += _update_seconds(tokens, extractor, cfg.extractor, kind, nproc)
+        seconds += _update_seconds(tokens, extractor, cfg.extractor, kind, 1)
     return seconds
 
 
 def _eval_seconds(cfg: RunConfig, actor: ModelShape, kind: str, nproc: int) -> float:
-    columns = 2 if cfg.uses_experience else 1
-    episodes = cfg.eval_episodes * _envs_per_batch(cfg) * columns
-    return _rollout_seconds(episodes, cfg, actor, kind, nproc)
+    """The column without experience over every rank, the one with experience on rank 0."""
+    column = cfg.eval_episodes * _envs_per_batch(cfg)
+    seconds = _rollout_seconds(column, cfg, actor, kind, nproc)
+    if cfg.uses_experience:
+        seconds += _rollout_seconds(column, cfg, actor, kind, 1)
+    return seconds
 
 
 # ---- refusal --------------------------------------------------------------------------------------

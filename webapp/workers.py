@@ -351,6 +351,7 @@ def plan_summary(placement: Placement) -> dict[str, Any]:
         "step_s": plan.step_s,
         "eval_s": plan.eval_s,
         "table": plan.table(),
+        "notes": list(plan.notes),
         "workers": [
             {"node": c.worker.node, "devices": c.worker.devices.describe(), "why_not": c.why_not}
             for c in placement.checks

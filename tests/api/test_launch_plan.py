@@ -78,11 +78,11 @@ def test_the_plan_goes_by_the_registered_workers_and_names_the_one_that_can_run_
     assert why["node@z"] is None and why["small@y"].startswith("it asks for CUDA devices")
 
 
-def test_a_method_that_runs_on_one_process_only_is_refused_on_eight_whatever_the_devices(api):
+def test_a_complementary_launch_on_eight_processes_goes_to_the_node_and_says_what_rank_0_holds(api):
     register(worker("node@z", "8x80GB"))
     answer = _post(api, "/api/v1/plan", {"config": {"nproc": 8, "device": "cuda"}}).json()
-    assert not answer["fits"] and answer["queue"] is None
-    assert "method 'complementary' does not run on several processes yet (nproc 8)" in answer["refusal"]
+    assert answer["fits"] and answer["worker"] == "node@z" and answer["refusal"] is None
+    assert "rank 0 (the figures above) plays every guided episode" in answer["table"]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.trainer.tiny_models import tiny_llama_folder
 from trainer import parallel
@@ -83,6 +85,19 @@ def test_rank_micro_batches_cover_every_item_once_in_equal_numbers_of_micro_batc
     assert sorted(i for share in shares for mb in share for i in mb) == items
     assert len({len(share) for share in shares}) == 1  # every rank joins every collective
     assert all(len(mb) <= size for share in shares for mb in share)
+
+
+@given(st.lists(st.booleans(), max_size=40), st.integers(1, 8))
+def test_guided_episodes_play_on_rank_0_and_the_free_ones_balance_the_load(guided, world):
+    owners = parallel.owners(guided, world)
+    assert len(owners) == len(guided) and all(0 <= r < world for r in owners)
+    assert all(r == 0 for r, g in zip(owners, guided, strict=True) if g)  # where the bank is
+    load = [owners.count(r) for r in range(world)]
+    free_ranks = [load[r] for r in range(1, world)]
+    if free_ranks:  # the free episodes fill the least loaded rank first, rank 0 included once it is
+        assert max(free_ranks) - min(free_ranks) <= 1 and max(free_ranks) <= max(load[0], min(free_ranks) + 1)
+    if not any(guided):  # every world_size-th from rank 0, as the one-process runner's order expects
+        assert owners == [i % world for i in range(len(guided))]
 
 
 def test_each_rank_samples_its_share_of_the_episodes_as_a_single_engine_does(tmp_path, tiny_model):

@@ -43,22 +43,33 @@ def make_run(user, tmp_path):
         shutil.rmtree(run_dir(run), ignore_errors=True)
 
 
-def _ranks(run: Run) -> list[psutil.Process]:
-    """The group's rank processes (not torchrun itself)."""
+def _ranks(run: Run, queue: str) -> list[psutil.Process] | None:
+    """The group's two rank processes (not torchrun itself), or None while there are not two: descendants
+    of the worker consuming ``queue``, as other test databases' runs (and leftovers) may have the same id."""
     needle = f"train_claimed {run.pk}"
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if " ".join(p.info["cmdline"] or []).endswith(needle)
-        and "torch.distributed.run" not in p.info["cmdline"]
-    ]
+    try:
+        workers = [p for p in psutil.process_iter(["cmdline"]) if queue in (p.info["cmdline"] or [])]
+        ranks = [
+            p
+            for w in workers
+            for p in w.children(recursive=True)
+            if " ".join(p.cmdline()).endswith(needle) and "torch.distributed.run" not in p.cmdline()
+        ]
+    except psutil.NoSuchProcess:
+        return None
+    return ranks if len(ranks) == 2 else None
+
+
+def _status(run: Run) -> str:
+    run = Run.objects.get(pk=run.pk)
+    return f"{run.status} {run.error} {run.notice}"
 
 
 def test_a_killed_rank_restarts_the_group_which_resumes_and_records_each_row_once(make_run, celery_worker):
     run = make_run(steps=3)
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
     wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=1).exists(), 900, "step 1")
-    ranks = wait_for(lambda: len(_ranks(run)) == 2 and _ranks(run), 60, "both ranks")
+    ranks = wait_for(lambda: _ranks(run, celery_worker), 60, "both ranks")
     ranks[1].send_signal(signal.SIGKILL)
     assert result.get(timeout=1200) == Run.Status.SUCCEEDED
     run.refresh_from_db()
@@ -71,7 +82,7 @@ def test_a_killed_rank_restarts_the_group_which_resumes_and_records_each_row_onc
 def test_cancelling_a_two_process_run_stops_every_rank_within_seconds(make_run, celery_worker):
     run = make_run(steps=50, **{"rollout.turn_limit": 200})
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
-    ranks = wait_for(lambda: len(_ranks(run)) == 2 and _ranks(run), 600, "both ranks")
+    ranks = wait_for(lambda: _ranks(run, celery_worker), 600, "both ranks")
     time.sleep(20)  # the ranks load, start their engines and roll out
     asked = time.monotonic()
     run_cancel(Run.objects.get(pk=run.pk))
@@ -80,3 +91,38 @@ def test_cancelling_a_two_process_run_stops_every_rank_within_seconds(make_run, 
     assert not alive
     assert took < 15, f"every rank gone after {took:.1f} s"
     assert result.get(timeout=60) == Run.Status.CANCELLED
+
+
+def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_once_and_survives_a_killed_rank(
+    make_run, celery_worker
+):
+    """Rank 0 plays the guided episodes and keeps the bank, the extractor track and Search-and-Ask; rank 1
+    plays the free ones. πϕ is the prepared SmolLM2 (on rank 0 only), the actor the tiny Llama. Rank 1 is
+    killed after step 1: the group resumes from the checkpoint (the extractor's state in it) and every
+    episode is still distilled once."""
+    from experience.models import Experience
+
+    run = make_run(
+        method="complementary",
+        steps=3,
+        **{"extractor.max_new_tokens": 48, "extractor.buffer_size": 2, "extractor.micro_batch_size": 1,
+           "experience.warmup_steps": 0, "experience.merge_every": 1, "eval_every": 3},
+    )  # fmt: skip
+    result = train_run.apply_async(args=[run.id], queue=celery_worker)
+    wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=1).exists(), 900, "step 1")
+    ranks = wait_for(lambda: _ranks(run, celery_worker), 60, "both ranks")
+    ranks[1].send_signal(signal.SIGKILL)
+    assert result.get(timeout=1500) == Run.Status.SUCCEEDED, _status(run)
+    run.refresh_from_db()
+    assert run.restarts == 1 and "resumed from the last checkpoint" in run.notice
+    rows = {(r.kind, r.step): r.values for r in MetricRow.objects.filter(run=run)}
+    assert sorted(rows) == [("eval", 0), ("eval", 3), ("train", 1), ("train", 2), ("train", 3)]
+    last = rows["train", 3]
+    # 2 guided episodes a step on rank 0 (K = 4, half guided), the 2 free ones on rank 1
+    assert last["rank/0/episodes"] == last["rank/1/episodes"] == 2
+    assert last["extractor/distilled"] == 12  # every episode of the three steps, once across the restart
+    assert "eval/with_exp/success" in rows["eval", 3]
+    texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
+    assert len(texts) == len(set(texts)) and last["bank/size"] == len(texts) > 0
+    saved = run_dir(run) / "checkpoints" / "step-000003"
+    assert (saved / "dcp" / ".metadata").exists() and (saved / "extractor" / "state.pt").exists()

@@ -117,18 +117,29 @@ def test_the_paper_preset_is_refused_here_with_a_fix() -> None:
 
 @pytest.mark.parametrize(
     ("preset", "devices"),
-    [("cpu", "cpu:24GB"), ("gpu-1", "1x80GB"), ("gpu-1", "1x141GB"), ("paper", "8x80GB")],
+    [("cpu", "cpu:24GB"), ("gpu-1", "1x80GB"), ("gpu-1", "1x141GB"), ("paper", "8x141GB")],
 )
 def test_each_preset_fits_the_devices_it_is_for(preset: str, devices: str) -> None:
-    cfg = get_preset(preset)
-    runnable = cfg.with_overrides(method="grpo") if cfg.not_yet_supported() else cfg
-    assert refusal(runnable, Devices.parse(devices)) is None
+    assert refusal(get_preset(preset), Devices.parse(devices)) is None
 
 
-def test_the_paper_preset_fits_a_node_but_is_refused_until_experience_methods_run_on_many_processes() -> None:
+def test_rank_0_holds_the_extractor_unsharded_so_the_paper_preset_needs_141_gb_gpus() -> None:
     paper = get_preset("paper")
     message = refusal(paper, Devices.parse("8x80GB"))
-    assert message is not None and message.startswith(paper.not_yet_supported())
+    assert message is not None and "the largest part is extractor: grads + AdamW (56.3 GB)" in message
+    assert refusal(paper.with_overrides(method="grpo"), Devices.parse("8x80GB")) is None
+    parts = {p.name: p.bytes for p in plan_run(paper, Devices.parse("8x141GB")).parts}
+    whole = 12 * model_shape("Qwen/Qwen3-4B").params()  # fp32 master weights' Adam moments and grads...
+    assert parts["extractor: grads + AdamW"] > parts["actor: grads + AdamW"]  # ...not divided by 8
+    assert parts["extractor: grads + AdamW"] >= whole
+
+
+def test_rank_0_plays_every_guided_episode_and_the_plan_counts_them_there() -> None:
+    cfg = get_preset("cpu").with_overrides(nproc=4, tasks_per_step=2, k_rollouts=8, eval_episodes=2)
+    live = {p.name for p in plan_run(cfg, Devices.parse("cpu:24GB")).parts}
+    assert "live episodes (8 at once)" in live  # 2 tasks × 4 guided on rank 0, not 16 / 4
+    live = {p.name for p in plan_run(cfg.with_overrides(method="grpo"), Devices.parse("cpu:24GB")).parts}
+    assert "live episodes (4 at once)" in live
 
 
 def test_gpu_1_needs_lora_on_one_gpu() -> None:

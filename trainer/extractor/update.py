@@ -69,7 +69,7 @@ class ExtractorUpdate:
         prompts = [extractor.prompt_ids(r.generation.prompt) for r in records]
         n_tok = sum(len(r.generation.token_ids) for r in records)
         live = [i for i, a in enumerate(batch.advantages.tolist()) if a != 0.0]
-        mbs = parallel.rank_micro_batches(live, self.cfg.micro_batch_size)
+        mbs = parallel.rank_micro_batches(live, self.cfg.micro_batch_size, *parallel.trainers_of(self.model))
         # a rank with nothing left still joins the sharded forward and backward: one generation, advantage 0
         fillers = [not mb for mb in mbs]
         mbs = [mb or live[:1] for mb in mbs]
@@ -110,7 +110,7 @@ class ExtractorUpdate:
         diff = torch.cat(diffs)
         # every rank reports (and judges staleness on) the whole buffer
         total, diff_sum, n_diff, *summed = parallel.all_sum(
-            [total, float(diff.sum()), diff.numel(), *sums.values()], self.device
+            [total, float(diff.sum()), diff.numel(), *sums.values()], self.model
         )
         sums = dict(zip(sums, summed, strict=True))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)

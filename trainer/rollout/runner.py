@@ -424,10 +424,11 @@ class EpisodeRunner:
 
 
 class ShardedRunner:
-    """An ``EpisodeRunner`` for one rank of a torchrun group (``trainer.parallel``): each rank plays its
-    share of the specs (every world_size-th) on its own engine, then the episodes are gathered so that every
-    rank holds the whole batch, in the order of ``specs``. A spec carries its sample seed, so where an
-    episode is played does not change it. One process: the inner runner as is."""
+    """An ``EpisodeRunner`` for one rank of a torchrun group (``trainer.parallel``): each rank plays the
+    specs it owns (``parallel.owners``: guided ones on rank 0, which holds the bank; free ones spread to
+    balance) on its own engine, then the episodes are gathered so that every rank holds the whole batch, in
+    the order of ``specs``. A spec carries its sample seed, so where an episode is played does not change
+    it. One process: the inner runner as is."""
 
     def __init__(self, inner: EpisodeRunner) -> None:
         self.inner = inner
@@ -436,9 +437,13 @@ class ShardedRunner:
         """``EpisodeRunner.run`` over the whole group. The stats are this rank's, but for ``episodes``."""
         from trainer import parallel  # torch.distributed: only where a run trains
 
-        episodes, stats = self.inner.run(parallel.rank_share(specs), **options)
+        owned_by = parallel.owners([s.guided for s in specs])
+        rank = parallel.rank()
+        episodes, stats = self.inner.run(
+            [s for s, r in zip(specs, owned_by, strict=True) if r == rank], **options
+        )
         stats.played, stats.episodes = stats.episodes, len(specs)
-        return parallel.gather_shares(episodes, len(specs)), stats
+        return parallel.gather_owned(episodes, owned_by), stats
 
     def close(self) -> None:
         self.inner.close()

@@ -1,0 +1,80 @@
+"""Issue 36, end to end: a 2-process complementary run launched from the browser form trains on a real
+Celery worker (a torchrun group of two ranks), writes each metric row once, fills one bank without
+duplicates, and its page shows both ranks. The actor is a tiny random-initialised Llama (two ranks of
+SmolLM2, each with its engines, would crowd this box); πϕ is the prepared SmolLM2, on rank 0.
+Screenshot: two-process-run.png."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from tests.conftest import worker_on
+from tests.e2e.conftest import ARTIFACTS
+from tests.trainer.tiny_models import tiny_llama_folder
+from webapp.models import MetricRow, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SMALL = "\n".join(
+    [
+        "eval_episodes=2",
+        "checkpoint_every=1",
+        "rollout.max_new_tokens=8",
+        "rollout.kv_cache_gib=0.0625",
+        "rollout.dtype=float32",
+        "extractor.max_new_tokens=48",
+        "extractor.buffer_size=2",
+        "extractor.micro_batch_size=1",
+        "experience.warmup_steps=0",
+        "experience.merge_every=1",
+    ]
+)
+
+
+@pytest.fixture
+def alice(user):
+    user.user_permissions.add(Permission.objects.get(codename="launch_run", content_type__app_label="webapp"))
+    return user
+
+
+def test_a_two_process_complementary_run_launched_from_the_browser(
+    server, browser_page, alice, training_queue, tmp_path
+):
+    from experience.models import Experience
+
+    page = browser_page
+    page.goto(server + "/login/")
+    page.fill("#id_username", alice.username)
+    page.fill("#id_password", "correct horse battery")
+    page.click("button[type=submit]")
+    page.goto(server + "/runs/launch/")
+    page.select_option("#id_method", "complementary")
+    page.fill("#id_actor_model", str(tiny_llama_folder(tmp_path / "tiny")))
+    for field, value in {"steps": 2, "tasks_per_step": 1, "k_rollouts": 4, "turn_limit": 3, "eval_every": 0,
+                         "nproc": 2}.items():  # fmt: skip
+        page.fill(f"#id_{field}", str(value))
+    page.fill("#id_overrides", SMALL)
+    page.fill("#id_name", "two ranks")
+    page.wait_for_selector("#plan-verdict:has-text('Fits')")
+    assert "Rank 0 (the figures above) plays every guided episode" in page.inner_text("#plan-result")
+    page.click("#launch-form button[type=submit]")
+    page.wait_for_selector("#run-header")
+    run = Run.objects.get(name="two ranks")
+    assert run.status == "queued" and run.config["nproc"] == 2 and run.config["method"] == "complementary"
+
+    page.wait_for_selector("#live-state.live")
+    with worker_on(training_queue):
+        page.wait_for_selector("#run-status.succeeded", timeout=900_000)
+    page.wait_for_selector("#rank-table")
+    ranks = page.inner_text("#rank-table")
+    assert "\n0\t2\t" in ranks and "\n1\t2\t" in ranks, ranks  # each rank played 2 of the step's 4 episodes
+    assert "Rank 0 plays the experience-guided episodes" in page.inner_text("#run-processes")
+    page.screenshot(path=str(ARTIFACTS / "two-process-run.png"), full_page=True)
+
+    steps = sorted(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
+    assert steps == [1, 2]  # each row once
+    last = MetricRow.objects.get(run=run, kind="train", step=2).values
+    assert last["extractor/distilled"] == 8  # every episode of both steps distilled once
+    texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
+    assert len(texts) == len(set(texts)) and last["bank/size"] == len(texts) > 0
