@@ -157,10 +157,18 @@ def metric_rows(
 
 @api.get("/runs/{run_id}/episodes", response=list[EpisodeOut], tags=["episodes"])
 @paginated
-def episodes(request: HttpRequest, run_id: PathId, step: int | None = Query(None, ge=0, le=INT_MAX)):
-    """Recorded rollouts with their turns, by step and task instance (``step`` picks one step)."""
+def episodes(
+    request: HttpRequest,
+    run_id: PathId,
+    step: int | None = Query(None, ge=0, le=INT_MAX),
+    kind: EpisodeRecord.Kind | None = None,
+):
+    """Recorded rollouts with their turns, by step and task instance (``step`` picks one step; ``kind``
+    train: training steps' episodes, eval: the evaluations', ``guided`` being the with-experience column)."""
     qs = EpisodeRecord.objects.filter(run=run_get(caller(request).user, run_id))
-    return (qs if step is None else qs.filter(step=step)).order_by("step", "task_instance", "id")
+    qs = qs if step is None else qs.filter(step=step)
+    # "train" after "eval" alphabetically: a step's training episodes, then its evaluation's
+    return (qs.filter(kind=kind) if kind else qs).order_by("step", "-kind", "task_instance", "id")
 
 
 @api.get("/runs/{run_id}/bank", response=list[ExperienceOut], tags=["bank"])

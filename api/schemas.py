@@ -145,6 +145,7 @@ class MetricRowOut(Schema):
 class EpisodeOut(Schema):
     id: int
     step: int
+    kind: str
     task_instance: int
     env: str
     seed: int

@@ -52,7 +52,7 @@ def load_requests(run_id: int, n: int, seed: int):
     from trainer.store import Entry
     from webapp.models import EpisodeRecord
 
-    records = list(EpisodeRecord.objects.filter(run_id=run_id).exclude(turns=[]))
+    records = list(EpisodeRecord.objects.filter(run_id=run_id, kind="train").exclude(turns=[]))
     if not records:
         raise SystemExit(f"run {run_id} has no recorded episodes with turns")
     records = random.Random(seed).sample(records, min(n, len(records)))

@@ -49,7 +49,7 @@ def main() -> None:
     ids = [i for i, _ in entries]
     bank = np.stack([np.asarray(v, dtype=np.float32) for _, v in entries])  # (N, d), unit rows
     groups = (
-        EpisodeRecord.objects.filter(run_id=args.run, guided=True)
+        EpisodeRecord.objects.filter(run_id=args.run, kind="train", guided=True)
         .values_list("step", "env", "seed", "task_instance")
         .order_by("step", "task_instance")
     )

@@ -43,7 +43,7 @@ from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack, TrackJournal
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
-from trainer.report import BaseReporter, Progress, Reporter, report_progress
+from trainer.report import BaseReporter, Progress, Reporter, report_eval_episodes, report_progress
 from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
@@ -234,6 +234,9 @@ class _Reporter(BaseReporter):
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
         report_progress(self.inner, step, progress)
 
+    def on_eval_episodes(self, step: int, episodes: Sequence[Episode]) -> None:
+        report_eval_episodes(self.inner, step, episodes)
+
     def should_stop(self) -> bool:
         return self.inner.should_stop()
 
@@ -356,6 +359,7 @@ class CoevolutionLoop(TrainingLoop):
             self.cfg.eval_episodes,
             retrieve=self.eval_retriever,
             progress=self.progress.advance,
+            on_episodes=lambda episodes: report_eval_episodes(self.reporter, step, episodes),
         )
         self.reporter.on_eval(step, metrics)
         return metrics

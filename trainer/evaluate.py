@@ -58,16 +58,19 @@ def evaluate(
     *,
     retrieve: Retriever | None = None,
     progress: Callable[[int, int], None] | None = None,
+    on_episodes: Callable[[list[Episode]], None] | None = None,
 ) -> Metrics:
     """Both columns for ``env`` (a name or a mixture): without experience, and with it when ``retrieve`` is
     given. ``runner`` should be an eval-split runner (``EpisodeRunner(..., split="eval")``). ``progress``
-    gets (episodes finished, episodes in both columns) as they finish."""
+    gets (episodes finished, episodes in both columns) as they finish; ``on_episodes`` gets the played
+    episodes once both columns are done, column by column (the with-experience column's are ``guided``)."""
     t0 = time.perf_counter()
     names = make_mixture(env).names
     columns: list[tuple[str, bool]] = [("eval/", False)]
     if retrieve is not None:
         columns.append(("eval/" + WITH_EXP, True))
     metrics: Metrics = {}
+    all_played: list[Episode] = []
     for column, (prefix, guided) in enumerate(columns):
         # a mixture's envs play in one batch: one engine call per turn for all of them, not one per env
         specs = {name: eval_specs(name, episodes, guided=guided) for name in names}
@@ -77,10 +80,13 @@ def evaluate(
             temperature=EVAL_TEMPERATURE,
             progress=_across_columns(progress, column, len(columns)),
         )
+        all_played += played
         per_env: dict[str, list[Episode]] = {}
         for name, env_specs in specs.items():
             per_env[name], played = played[: len(env_specs)], played[len(env_specs) :]
         metrics |= column_metrics(per_env, prefix)
+    if on_episodes is not None:
+        on_episodes(all_played)
     if retrieve is not None:
         metrics["eval/exp_gain"] = metrics["eval/" + WITH_EXP + "success"] - metrics["eval/success"]
     metrics["eval/time_s"] = time.perf_counter() - t0

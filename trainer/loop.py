@@ -29,7 +29,7 @@ from trainer.config import RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
 from trainer.memory import release_freed_memory, resident_gib
-from trainer.report import Progress, Reporter, RunClock
+from trainer.report import Progress, Reporter, RunClock, report_eval_episodes
 from trainer.rollout.base import Engine
 from trainer.rollout.runner import (
     Episode,
@@ -197,7 +197,11 @@ class TrainingLoop:
         """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""
         self.progress.start(step, "evaluation", "episodes")
         metrics = evaluate(
-            self.eval_runner, self.cfg.env, self.cfg.eval_episodes, progress=self.progress.advance
+            self.eval_runner,
+            self.cfg.env,
+            self.cfg.eval_episodes,
+            progress=self.progress.advance,
+            on_episodes=lambda episodes: report_eval_episodes(self.reporter, step, episodes),
         )
         release_freed_memory()
         self.reporter.on_eval(step, metrics)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trainer.experiments.files import read_lines, write_lines
+from trainer.experiments.files import episode_batch, read_lines, write_lines
 
 if TYPE_CHECKING:
     from trainer.rollout.runner import Episode
@@ -78,6 +78,10 @@ class BaseReporter:
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
         """Where step ``step`` is inside a long phase (``Progress.snapshot``); optional, like ``on_trace``."""
 
+    def on_eval_episodes(self, step: int, episodes: Sequence[Episode]) -> None:
+        """The episodes of the evaluation after step ``step``, both columns (an episode's ``spec.guided``:
+        of the with-experience column), just before its ``on_eval``; optional, like ``on_trace``."""
+
     def should_stop(self) -> bool:
         return False
 
@@ -136,6 +140,13 @@ def report_progress(reporter: Reporter | None, step: int, progress: Mapping[str,
         hook(step, progress)
 
 
+def report_eval_episodes(reporter: Reporter | None, step: int, episodes: Sequence[Episode]) -> None:
+    """Hand an evaluation's episodes to reporters that take them (``on_eval_episodes``); others skip them."""
+    hook = getattr(reporter, "on_eval_episodes", None)
+    if hook is not None:
+        hook(step, episodes)
+
+
 class Reporters(BaseReporter):
     """Several reporters as one; stops when any of them asks to."""
 
@@ -167,6 +178,10 @@ class Reporters(BaseReporter):
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
         for r in self.reporters:
             report_progress(r, step, progress)
+
+    def on_eval_episodes(self, step: int, episodes: Sequence[Episode]) -> None:
+        for r in self.reporters:
+            report_eval_episodes(r, step, episodes)
 
     def should_stop(self) -> bool:
         return any(r.should_stop() for r in self.reporters)
@@ -267,32 +282,42 @@ def _row_key(row: Mapping[str, Any]) -> tuple[str, int]:
 
 
 class EpisodeLogReporter(BaseReporter):
-    """Writes one compact line per training episode to ``path`` (no turns), each step's batch once: what
-    experiment reports need to relate outcomes to the entries that guided them, without the database.
-    Like ``JsonlReporter``, a resumed attempt first drops the episodes of the steps it redoes."""
+    """Writes one compact line per episode to ``path`` (no turns), each batch once: a training step's
+    episodes, and an evaluation's (``"eval": true``; ``guided`` is then its column, with experience). What
+    experiment reports need to relate outcomes to the entries that guided them, without the database. Like
+    ``JsonlReporter``, a resumed attempt first drops the batches of the steps and evaluations it redoes."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._steps = {int(r["step"]) for r in read_lines(self.path)}
+        self._batches = {episode_batch(r) for r in read_lines(self.path)}
 
     def on_start(self, total_steps: int, start_step: int) -> None:
-        self._steps = {int(r["step"]) for r in drop_redone(self.path, start_step)}
+        self._batches = {episode_batch(r) for r in drop_redone(self.path, start_step)}
 
     def on_episode_batch(self, step: int, episodes: Sequence[Episode]) -> None:
-        if step in self._steps:
-            write_lines(self.path, [r for r in read_lines(self.path) if int(r["step"]) != step])
+        self._write(step, episodes, evaluation=False)
+
+    def on_eval_episodes(self, step: int, episodes: Sequence[Episode]) -> None:
+        self._write(step, episodes, evaluation=True)
+
+    def _write(self, step: int, episodes: Sequence[Episode], *, evaluation: bool) -> None:
+        batch = (evaluation, step)
+        if batch in self._batches:
+            write_lines(self.path, [r for r in read_lines(self.path) if episode_batch(r) != batch])
         with self.path.open("a") as f:
             for e in episodes:
-                f.write(json.dumps(episode_line(step, e)) + "\n")
-        self._steps.add(step)
+                f.write(json.dumps(episode_line(step, e, evaluation=evaluation)) + "\n")
+        self._batches.add(batch)
 
 
-def episode_line(step: int, e: Episode) -> dict[str, Any]:
-    """An episode's outcome and the entry that guided it (``entry_id`` None: free or nothing found)."""
+def episode_line(step: int, e: Episode, *, evaluation: bool = False) -> dict[str, Any]:
+    """An episode's outcome and the entry that guided it (``entry_id`` None: free or nothing found);
+    ``eval``: played by the evaluation after ``step``, not by the step's training."""
     x = e.experience
     return {
         "step": step,
+        "eval": evaluation,
         "env": e.spec.env_name,
         "seed": e.spec.seed,
         "group": e.spec.group,

@@ -7,6 +7,7 @@ import re
 import tomllib
 import unicodedata
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,17 @@ def int_param(
         raise BadParameter(
             f"{name} must be a whole number from {min_value} to {max_value} (got {raw[:40]!r})"
         ) from None
+
+
+def choice_param(params: QueryDict, name: str, choices: Sequence[str], *, default: str) -> str:
+    """``params[name]`` when it is one of ``choices``; ``default`` when absent or empty; anything else is
+    ``BadParameter`` naming the choices."""
+    raw = params.get(name, "")
+    if raw == "":
+        return default
+    if raw not in choices:
+        raise BadParameter(f"{name} must be one of {', '.join(choices)} (got {raw[:40]!r})")
+    return raw
 
 
 HIDDEN_CHARACTERS = {0x061C, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF}

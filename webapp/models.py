@@ -267,10 +267,17 @@ class MetricRow(models.Model):
 
 
 class EpisodeRecord(models.Model):
-    """One rollout of a step, with its turns, for the trajectory inspector and credit assignment."""
+    """One rollout of a step, with its turns, for the trajectory inspector and credit assignment: a training
+    step's, or a greedy episode of the evaluation after ``step`` (``kind``), whose ``guided`` then says its
+    column (with experience)."""
+
+    class Kind(models.TextChoices):
+        TRAIN = "train", "training"
+        EVAL = "eval", "evaluation"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="episodes")
     step = models.IntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TRAIN)
     task_instance = models.IntegerField(help_text="Rollouts of the same task instance share this id.")
     env = models.CharField(max_length=100)
     seed = models.IntegerField()
@@ -286,7 +293,7 @@ class EpisodeRecord(models.Model):
 
     class Meta:
         ordering = ["run", "step", "task_instance", "id"]
-        indexes = [models.Index(fields=["run", "step"])]
+        indexes = [models.Index(fields=["run", "kind", "step"])]
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step} instance {self.task_instance}"

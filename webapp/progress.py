@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 import psutil
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from trainer.cancel import CancelToken
@@ -77,6 +77,14 @@ class RunReporter(BaseReporter):
     def on_episode_batch(self, step: int, episodes: Sequence[Any]) -> None:
         EpisodeRecord.objects.bulk_create(episode_record(self.run, step, ep) for ep in episodes)
 
+    def on_eval_episodes(self, step: int, episodes: Sequence[Any]) -> None:
+        """The evaluation's episodes, both columns: each evaluation's once, as its metric row."""
+        kind = EpisodeRecord.Kind.EVAL
+        rows = [episode_record(self.run, step, ep, kind) for ep in episodes]
+        with transaction.atomic():
+            EpisodeRecord.objects.filter(run=self.run, kind=kind, step=step).delete()
+            EpisodeRecord.objects.bulk_create(rows)
+
     def on_progress(self, step: int, progress: Mapping[str, Any]) -> None:
         """Stored on the run (its page and the API read it) and sent live; a beat, since the run is alive.
 
@@ -102,11 +110,12 @@ class RunReporter(BaseReporter):
         return False
 
 
-def episode_record(run: Run, step: int, ep: Any) -> EpisodeRecord:
+def episode_record(run: Run, step: int, ep: Any, kind: str = EpisodeRecord.Kind.TRAIN) -> EpisodeRecord:
     experience = ep.experience
     return EpisodeRecord(
         run=run,
         step=step,
+        kind=kind,
         task_instance=ep.spec.group,
         env=ep.spec.env_name,
         seed=ep.spec.seed,

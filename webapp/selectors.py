@@ -259,11 +259,14 @@ def run_traces(run: Run, limit: int = 30) -> list[Any]:
     return list(SearchAsk.objects.filter(run=run).select_related("experience").order_by("-id")[:limit])
 
 
-def episode_steps(run: Run) -> list[int]:
-    """Steps that have recorded episodes, newest first."""
-    return list(
-        EpisodeRecord.objects.filter(run=run).order_by("-step").values_list("step", flat=True).distinct()
-    )
+def episode_steps(run: Run) -> dict[str, list[int]]:
+    """Steps that have recorded episodes, newest first, by kind (``EpisodeRecord.Kind``: training steps, and
+    the steps after which an evaluation ran)."""
+    steps: dict[str, list[int]] = {kind: [] for kind in EpisodeRecord.Kind.values}
+    rows = EpisodeRecord.objects.filter(run=run).values_list("kind", "step").distinct().order_by("-step")
+    for kind, step in rows:
+        steps[kind].append(step)
+    return steps
 
 
 @dataclass
@@ -275,11 +278,14 @@ class TaskGroup:
     free: list[EpisodeRecord]
 
 
-def step_episodes(run: Run, step: int) -> list[TaskGroup]:
-    """A step's episodes grouped by task instance, split into the guided and free subgroups."""
-    groups: dict[int, TaskGroup] = {}
-    for ep in EpisodeRecord.objects.filter(run=run, step=step).order_by("task_instance", "id"):
-        group = groups.setdefault(ep.task_instance, TaskGroup(ep.task_instance, ep.env, ep.seed, [], []))
+def step_episodes(run: Run, kind: str, step: int) -> list[TaskGroup]:
+    """A step's episodes of ``kind`` grouped by task instance, split into the guided and free subgroups (an
+    evaluation's: its two columns, each eval instance of each env a group)."""
+    groups: dict[tuple[int, str], TaskGroup] = {}
+    episodes = EpisodeRecord.objects.filter(run=run, kind=kind, step=step)
+    for ep in episodes.order_by("task_instance", "env", "id"):
+        key = (ep.task_instance, ep.env)
+        group = groups.setdefault(key, TaskGroup(ep.task_instance, ep.env, ep.seed, [], []))
         (group.guided if ep.guided else group.free).append(ep)
     return list(groups.values())
 

@@ -153,11 +153,12 @@ def rewind(run: Run, step: int) -> None:
     """Forget what an interrupted attempt of ``run`` recorded after ``step`` (its checkpoint, 0 for a fresh
     start): metric rows and episodes after it, and the bank entries created after it (entries it changed
     keep their later text; a person's or an import's entries of step 0 stay). The retried steps write them
-    again, each once."""
+    again, each once. The evaluation at ``step`` came before its checkpoint and is kept, except for a fresh
+    start, which evaluates the untrained model again (``trainer.report.redone_on_resume``)."""
     from experience.models import Experience
 
     MetricRow.objects.filter(run=run, step__gt=step).delete()
-    EpisodeRecord.objects.filter(run=run, step__gt=step).delete()
+    EpisodeRecord.objects.filter(run=run, step__gt=step if step else -1).delete()
     Experience.objects.filter(run=run, created_step__gt=step).delete()
 
 

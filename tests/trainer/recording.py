@@ -10,8 +10,10 @@ class Recorder(BaseReporter):
         self.steps: dict[int, dict[str, float]] = {}
         self.evals: dict[int, dict[str, float]] = {}
         self.batches: dict[int, list] = {}
+        self.eval_batches: dict[int, list] = {}
         self.events: list[tuple] = []
-        """What arrived, in order: ("progress", step, phase, done, total), ("step", step), ("eval", step)."""
+        """What arrived, in order: ("progress", step, phase, done, total), ("step", step), ("eval", step),
+        ("eval episodes", step)."""
         self.stop_after = stop_after
 
     def on_step(self, step, metrics):
@@ -27,6 +29,10 @@ class Recorder(BaseReporter):
 
     def on_episode_batch(self, step, episodes):
         self.batches[step] = list(episodes)
+
+    def on_eval_episodes(self, step, episodes):
+        self.eval_batches[step] = list(episodes)
+        self.events.append(("eval episodes", step))
 
     def should_stop(self):
         return self.stop_after is not None and max(self.steps, default=0) >= self.stop_after

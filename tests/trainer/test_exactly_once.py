@@ -23,8 +23,8 @@ from trainer.experiments.report import (
     search_and_ask_use,
 )
 from trainer.loop import sample_tasks
-from trainer.report import EpisodeLogReporter, JsonlReporter, Reporters
-from trainer.rollout.runner import Episode
+from trainer.report import EpisodeLogReporter, JsonlReporter, Reporters, report_eval_episodes
+from trainer.rollout.runner import Episode, EpisodeSpec
 
 CFG = get_preset("cpu").with_overrides(seed=3, tasks_per_step=2, k_rollouts=4, steps=8, eval_every=4)
 
@@ -36,16 +36,30 @@ def _episodes(step: int) -> list[Episode]:
     ]
 
 
+def _eval_episodes(step: int) -> list[Episode]:
+    """An evaluation's: 2 eval instances, without then with experience; the reward says which step's."""
+    specs = [
+        EpisodeSpec("MiniHack-Room-5x5", seed, seed, guided) for guided in (False, True) for seed in (0, 1)
+    ]
+    return [Episode(spec, "", "", None, [], [], float(step), False, False, [0], 0.0) for spec in specs]
+
+
+def _evaluate(reporters: Reporters, step: int) -> None:
+    """What ``TrainingLoop.evaluate`` hands its reporter: the episodes, then the metrics."""
+    report_eval_episodes(reporters, step, _eval_episodes(step))
+    reporters.on_eval(step, {"eval/success": step / 10, "eval/episodes": 2.0, "eval/with_exp/episodes": 2.0})
+
+
 def _attempt(reporters: Reporters, start: int, stop: int) -> None:
     """The calls ``TrainingLoop.run`` makes from ``start`` until it dies after writing step ``stop``."""
     reporters.on_start(CFG.steps, start)
     if start == 1:
-        reporters.on_eval(0, {"eval/success": 0.0})
+        _evaluate(reporters, 0)
     for step in range(start, stop + 1):
         reporters.on_episode_batch(step, _episodes(step))
         reporters.on_step(step, {"train/success": step / 10, "train/episodes": 8.0})
         if step % CFG.eval_every == 0 or step == CFG.steps:
-            reporters.on_eval(step, {"eval/success": step / 10})
+            _evaluate(reporters, step)
 
 
 def _files(folder):
@@ -55,7 +69,8 @@ def _files(folder):
 def _rows(folder) -> tuple[list, list]:
     rows = read_lines(folder / "metrics.jsonl")
     metrics = [(r["kind"], r["step"], r.get("train/success", r.get("eval/success"))) for r in rows]
-    episodes = [(e["step"], e["sample_seed"]) for e in read_lines(folder / "episodes.jsonl")]
+    lines = read_lines(folder / "episodes.jsonl")
+    episodes = [(e["eval"], e["step"], e["sample_seed"], e["guided"], e["reward"]) for e in lines]
     return metrics, episodes
 
 
@@ -69,7 +84,22 @@ def test_a_run_killed_between_checkpoints_and_resumed_writes_every_row_once(tmp_
     _attempt(_files(broken), 5, 8)
     assert _rows(broken) == _rows(never)
     assert repeated_rows(broken) == []
-    assert len(read_lines(broken / "episodes.jsonl")) == 8 * 8
+    lines = read_lines(broken / "episodes.jsonl")
+    assert sum(not e["eval"] for e in lines) == 8 * 8
+    evaluations = [(e["step"], e["guided"]) for e in lines if e["eval"]]
+    assert evaluations == [(s, g) for s in (0, 4, 8) for g in (False, False, True, True)]  # each once
+
+
+def test_a_report_reads_only_the_training_episodes_of_a_log_that_holds_evaluations_too(tmp_path):
+    write_fake_grid(tmp_path)
+    before = {r.slug: r.episodes for r in load_results(tmp_path)}
+    for folder in (tmp_path / "runs").iterdir():
+        evals = [r["step"] for r in read_lines(folder / "metrics.jsonl") if r["kind"] == "eval"]
+        rows = read_lines(folder / "episodes.jsonl")
+        rows += [{"step": s, "eval": True, "group": 0, "guided": True, "entry_id": 1, "success": True,
+                  "actions": 1, "searches": 0} for s in evals]  # fmt: skip
+        write_lines(folder / "episodes.jsonl", rows)
+    assert {r.slug: r.episodes for r in load_results(tmp_path)} == before
 
 
 def test_the_finishing_pass_of_a_run_that_died_after_its_last_step_replaces_that_steps_row(tmp_path):
@@ -97,6 +127,25 @@ def test_two_attempts_of_one_step_written_back_to_back_keep_the_last():
         (1, 1),
         (2, 2),
         (2, 3),
+    ]
+
+
+def test_an_evaluations_episodes_are_a_batch_of_their_own_kept_once():
+    metrics = [{"kind": "step", "step": 2, "train/episodes": 2}]
+    metrics += [{"kind": "eval", "step": 2, "eval/episodes": 1, "eval/with_exp/episodes": 1}]
+    assert batch_sizes(metrics) == {(False, 2): 2, (True, 2): 2}
+    train = [{"step": 2, "i": i} for i in range(2)]
+    evaluation = [{"step": 2, "eval": True, "i": i} for i in range(2)]
+    twice = train + evaluation + train + evaluation  # two attempts of step 2 back to back
+    kept = last_batches(twice, batch_sizes(metrics))
+    assert [(e.get("eval", False), e["i"]) for e in kept] == [(False, 0), (False, 1), (True, 0), (True, 1)]
+
+
+def test_a_run_folder_with_an_evaluation_logged_twice_is_refused(tmp_path):
+    write_lines(tmp_path / "metrics.jsonl", [{"kind": "eval", "step": 0, "eval/episodes": 2}])
+    write_lines(tmp_path / "episodes.jsonl", [{"step": 0, "eval": True}] * 4)
+    assert repeated_rows(tmp_path) == [
+        "episodes.jsonl: the evaluation after step 0 has 4 episodes, it played 2"
     ]
 
 

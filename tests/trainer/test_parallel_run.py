@@ -57,3 +57,7 @@ def test_a_two_process_grpo_run_writes_each_row_once_checkpoints_shards_and_resu
     assert step3["rank/0/episodes"] == step3["rank/1/episodes"] == step3["train/episodes"] / 2
     assert all(0.1 < step3[f"rank/{r}/rss_gib"] < 24 and step3[f"rank/{r}/tokens_per_s"] > 0 for r in (0, 1))
     assert (out / "checkpoints" / "step-000003" / "dcp" / ".metadata").exists()
+    # rank 0 alone logs episodes, every rank's: each step's 4 and each evaluation's 2, once
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    batches = Counter((row["eval"], row["step"]) for row in map(json.loads, lines))
+    assert batches == Counter({(True, 0): 2, (True, 2): 2, (True, 3): 2} | {(False, s): 4 for s in (1, 2, 3)})

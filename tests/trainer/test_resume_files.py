@@ -63,12 +63,14 @@ def engine(cfg):
 
 def _rows(folder):
     metrics = [(r["kind"], r["step"], r.get("train/episodes")) for r in read_lines(folder / "metrics.jsonl")]
-    episodes = Counter(e["step"] for e in read_lines(folder / "episodes.jsonl"))
+    episodes = Counter(
+        ("eval" if e["eval"] else "step", e["step"]) for e in read_lines(folder / "episodes.jsonl")
+    )
     return sorted(metrics), dict(episodes)
 
 
 def _actions(folder):
-    return [(e["step"], e.get("actions")) for e in read_lines(folder / "episodes.jsonl")]
+    return [(e["eval"], e["step"], e.get("actions")) for e in read_lines(folder / "episodes.jsonl")]
 
 
 def test_a_run_killed_between_checkpoints_and_resumed_has_each_row_once_like_one_that_never_stopped(
@@ -79,11 +81,12 @@ def test_a_run_killed_between_checkpoints_and_resumed_has_each_row_once_like_one
     out = tmp_path / "run"
     with pytest.raises(Killed):
         train(cfg, out_dir=out, engine=engine, reporter=Reporters(file_reporters(out), KillAfter(3)))
-    assert Counter(r["step"] for r in read_lines(out / "episodes.jsonl")) == {1: 2, 2: 2, 3: 2}
+    assert _rows(out)[1] == {("eval", 0): 2, ("step", 1): 2, ("step", 2): 2, ("step", 3): 2}
     train(cfg, out_dir=out, resume=out, engine=engine)
     assert repeated_rows(out) == []
     never = [("eval", 0, None), ("eval", 3, None), *(("step", s, 2.0) for s in range(1, 4))]
-    assert _rows(out) == (never, {s: 2 for s in range(1, 4)})
+    # each step's 2 episodes, and each evaluation's 2 (grpo: one column of eval_episodes instances), once
+    assert _rows(out) == (never, {("eval", 0): 2, ("eval", 3): 2} | {("step", s): 2 for s in range(1, 4)})
     uninterrupted = tmp_path / "uninterrupted"
     train(cfg, out_dir=uninterrupted, engine=engine)
     assert _rows(uninterrupted) == _rows(out)

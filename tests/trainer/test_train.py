@@ -93,6 +93,15 @@ def test_the_run_reports_evaluation_and_timings(first_run):
     out, recorder, loop, log = first_run
     assert sorted(recorder.evals) == [0, 2]  # the untrained model, then the end
     assert recorder.evals[0]["eval/episodes"] == 2
+    # each evaluation's episodes reach the reporter just before its figures: grpo's one column, greedy
+    for step in (0, 2):
+        assert recorder.events.index(("eval episodes", step)) + 1 == recorder.events.index(("eval", step))
+        episodes = recorder.eval_batches[step]
+        assert [(e.spec.seed, e.spec.guided, e.experience) for e in episodes] == [
+            (0, False, None),
+            (1, False, None),
+        ]
+        assert recorder.evals[step]["eval/success"] == sum(e.success for e in episodes) / 2
     for m in recorder.steps.values():
         for key in (
             "time/rollout_s",

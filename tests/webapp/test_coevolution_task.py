@@ -34,7 +34,7 @@ from trainer.experiments.files import read_lines
 from trainer.extractor.track import TrackJournal, _Merge
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.rollout.base import Generation
-from webapp.models import MetricRow, Run
+from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.services import run_cancel
 from webapp.training import run_dir, train_claimed
 
@@ -192,6 +192,14 @@ def test_a_run_that_died_after_its_last_step_is_resumed_to_finish_the_extractors
     run = Run.objects.create(name="last-step", owner=user, method=cfg["method"], env=cfg["env"], config=cfg)
     assert run.claim("test") and train_claimed(run) == Run.Status.SUCCEEDED, run.error
     try:
+        # each evaluation's episodes, both columns (the eval instance without, then with experience), in the
+        # database and in the run folder's log, beside step 1's training episodes
+        both = [(0, False), (0, True), (1, False), (1, True)]
+        evals = EpisodeRecord.objects.filter(run=run, kind="eval").order_by("step", "id")
+        assert list(evals.values_list("step", "guided")) == both
+        assert EpisodeRecord.objects.filter(run=run, kind="train").count() == 4
+        logged = read_lines(run_dir(run) / "episodes.jsonl")
+        assert [(e["step"], e["guided"]) for e in logged if e["eval"]] == both
         before = MetricRow.objects.get(run=run, kind="train", step=1).values
         # the worker dies after the last step's checkpoint, with a merge pass still queued on the track
         state = read_checkpoint(run_dir(run))
@@ -218,5 +226,10 @@ def test_a_run_that_died_after_its_last_step_is_resumed_to_finish_the_extractors
         on_file = [r for r in read_lines(run_dir(run) / "metrics.jsonl") if r["kind"] == "step"]
         assert {r["step"] for r in on_file} == {1}  # the last row of a step wins (the report reads it so)
         assert on_file[-1]["extractor/merges"] == after["extractor/merges"]
+        # the evaluations came before the checkpoint the finishing pass resumed from: each is recorded once
+        assert list(evals.values_list("step", "guided")) == both
+        assert [
+            (e["step"], e["guided"]) for e in read_lines(run_dir(run) / "episodes.jsonl") if e["eval"]
+        ] == both
     finally:
         shutil.rmtree(run_dir(run), ignore_errors=True)

@@ -83,6 +83,9 @@ def test_a_tiny_grid_trains_end_to_end_is_skipped_when_done_and_reports_every_se
         assert {"cell.json", "config.json", "metrics.jsonl", "episodes.jsonl"} <= {
             p.name for p in files.iterdir()
         }
+        columns = 2 if cell.config.uses_experience else 1  # the evaluations' episodes come along
+        evaluated = [e["step"] for e in read_lines(files / "episodes.jsonl") if e["eval"]]
+        assert evaluated == [0] * columns + [1] * columns
         assert len(list(Path(run.checkpoint_dir).glob("checkpoints/step-*"))) == 1  # checkpoint_keep = 1
     last = MetricRow.objects.filter(run=runs["complementary/s0"], kind="train").get().values
     assert last["extractor/distil_calls"] >= 1 and "extractor/buffer" in last  # the extractor's track ran

@@ -60,7 +60,10 @@ def test_a_run_trains_on_a_real_worker_and_records_rows_episodes_and_checkpoints
     assert run.status == Run.Status.SUCCEEDED and run.step == 2 and run.finished_at
     assert list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True)) == [1, 2]
     assert "train/success" in MetricRow.objects.get(run=run, step=2, kind="train").values
-    assert EpisodeRecord.objects.filter(run=run).count() == 2 * 2  # steps × (tasks × K)
+    assert EpisodeRecord.objects.filter(run=run, kind="train").count() == 2 * 2  # steps × (tasks × K)
+    n = run.config["eval_episodes"]  # per evaluation: grpo's one column, without experience
+    evals = EpisodeRecord.objects.filter(run=run, kind="eval")
+    assert sorted(evals.values_list("step", flat=True)) == [0] * n + [2] * n
     assert sorted(p.name for p in Path(run.checkpoint_dir).glob("checkpoints/step-*"))[-1] == "step-000002"
     assert run.environment["code_version"] and run.environment["torch"].startswith("2.")
     assert run.environment["cpu"] and run.environment["native_bf16"] in ("true", "false")
@@ -146,7 +149,13 @@ def test_a_killed_training_process_is_resumed_by_itself_and_each_step_is_recorde
         MetricRow.objects.filter(run=run, kind="train").order_by("step").values_list("wall_time", flat=True)
     )
     assert walls == sorted(set(walls))  # wall time went on from the checkpoint's, not from 0
-    assert EpisodeRecord.objects.filter(run=run).count() == 3 * 2
+    assert EpisodeRecord.objects.filter(run=run, kind="train").count() == 3 * 2
+    # the evaluations of the untrained model and of the end, once each, however far the killed attempt got
+    n = run.config["eval_episodes"]
+    assert (
+        sorted(EpisodeRecord.objects.filter(run=run, kind="eval").values_list("step", flat=True))
+        == [0] * n + [3] * n
+    )
 
 
 def test_a_run_whose_claiming_process_is_gone_is_claimed_at_once_and_requeued_by_the_sweep(make_run):

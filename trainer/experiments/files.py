@@ -58,30 +58,39 @@ def last_attempt(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for _, block in ordered for row in block]
 
 
-def batch_sizes(metrics: list[dict[str, Any]]) -> dict[int, int]:
-    """Episodes each step ran (``train/episodes`` of its step row), for ``last_batches``."""
-    return {
-        int(r["step"]): int(r["train/episodes"])
-        for r in metrics
-        if r.get("kind") == "step" and "train/episodes" in r
-    }
+def episode_batch(row: dict[str, Any]) -> tuple[bool, int]:
+    """Which batch an ``episodes.jsonl`` row belongs to: (an evaluation's?, its step). Rows written before
+    evaluations were logged have no ``eval``: training."""
+    return bool(row.get("eval")), int(row["step"])
 
 
-def last_batches(episodes: list[dict[str, Any]], sizes: dict[int, int]) -> list[dict[str, Any]]:
-    """Episode rows with each step's batch once: a step with more rows than it ran episodes keeps its last
-    ``sizes[step]`` (the attempt that the run went on from); steps without a size are kept as they are."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
+def batch_sizes(metrics: list[dict[str, Any]]) -> dict[tuple[bool, int], int]:
+    """Episodes each batch of ``episodes.jsonl`` holds (``episode_batch``), for ``last_batches``: a step's
+    ``train/episodes`` and an evaluation's ``episodes`` of both columns, from their metric rows."""
+    sizes = {}
+    for r in metrics:
+        if r.get("kind") == "step" and "train/episodes" in r:
+            sizes[(False, int(r["step"]))] = int(r["train/episodes"])
+        elif r.get("kind") == "eval" and "eval/episodes" in r:
+            sizes[(True, int(r["step"]))] = int(r["eval/episodes"] + r.get("eval/with_exp/episodes", 0))
+    return sizes
+
+
+def last_batches(episodes: list[dict[str, Any]], sizes: dict[tuple[bool, int], int]) -> list[dict[str, Any]]:
+    """Episode rows with each batch once: a batch with more rows than it played keeps its last
+    ``sizes[batch]`` (the attempt that the run went on from); batches without a size are kept as they are."""
+    batches: dict[tuple[bool, int], list[dict[str, Any]]] = {}
     for row in last_attempt(episodes):
-        by_step.setdefault(int(row["step"]), []).append(row)
+        batches.setdefault(episode_batch(row), []).append(row)
     out = []
-    for step, rows in by_step.items():
-        out += rows[-sizes[step] :] if sizes.get(step) else rows
+    for batch, rows in batches.items():
+        out += rows[-sizes[batch] :] if sizes.get(batch) else rows
     return out
 
 
 def repeated_rows(folder: Path) -> list[str]:
-    """What a run folder holds more than once: a (kind, step) of ``metrics.jsonl`` written twice, a step
-    of ``episodes.jsonl`` with more rows than the step ran episodes. Empty for a clean folder."""
+    """What a run folder holds more than once: a (kind, step) of ``metrics.jsonl`` written twice, a step or
+    an evaluation of ``episodes.jsonl`` with more rows than it played episodes. Empty for a clean folder."""
     folder = Path(folder)
     metrics = read_lines(folder / "metrics.jsonl")
     seen: dict[tuple, int] = {}
@@ -89,13 +98,14 @@ def repeated_rows(folder: Path) -> list[str]:
         key = (r.get("kind", ""), r.get("step"))
         seen[key] = seen.get(key, 0) + 1
     out = [f"metrics.jsonl: {kind} {step} {n} times" for (kind, step), n in sorted(seen.items()) if n > 1]
-    counts: dict[int, int] = {}
+    counts: dict[tuple[bool, int], int] = {}
     for e in read_lines(folder / "episodes.jsonl"):
-        counts[int(e["step"])] = counts.get(int(e["step"]), 0) + 1
+        counts[episode_batch(e)] = counts.get(episode_batch(e), 0) + 1
     sizes = batch_sizes(metrics)
     out += [
-        f"episodes.jsonl: step {step} has {n} episodes, the step ran {sizes[step]}"
-        for step, n in sorted(counts.items())
-        if step in sizes and n > sizes[step]
+        f"episodes.jsonl: {'the evaluation after ' if evaluation else ''}step {step} has {n} episodes, "
+        f"it played {sizes[(evaluation, step)]}"
+        for (evaluation, step), n in sorted(counts.items())
+        if (evaluation, step) in sizes and n > sizes[(evaluation, step)]
     ]
     return out

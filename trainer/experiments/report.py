@@ -67,6 +67,7 @@ class RunResult:
     train: dict[int, dict[str, float]]
     evals: dict[int, dict[str, float]]
     episodes: list[dict[str, Any]] = field(default_factory=list)
+    """The training steps' episodes (``episodes.jsonl`` without the evaluations' rows)."""
     changes: list[dict[str, Any]] = field(default_factory=list)
     merges: list[dict[str, Any]] = field(default_factory=list)
     status: str = ""
@@ -120,7 +121,7 @@ def load_results(folder: Path) -> list[RunResult]:
                 config,
                 train,
                 evals,
-                read_lines(d / "episodes.jsonl"),
+                [e for e in read_lines(d / "episodes.jsonl") if not e.get("eval")],
                 read_lines(d / "changes.jsonl"),
                 read_lines(d / "merges.jsonl"),
                 cell.get("status", ""),

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from trainer.checkpoint import find_checkpoint
 from webapp.charts import flatten
-from webapp.models import EpisodeRecord, Run
+from webapp.models import EpisodeRecord, MetricRow, Run
 
 register = template.Library()
 
@@ -86,17 +86,44 @@ def bank_size_now(run: Run) -> int:
 
 
 @register.simple_tag
-def no_episodes_reason(run: Run) -> str:
-    """Why the inspector has no episode of this run, in its state's words."""
+def has_episodes(run: Run, kind: str, step: int | None) -> bool:
+    """Whether the inspector has episodes of ``kind`` at ``step`` for this run."""
+    return step is not None and EpisodeRecord.objects.filter(run=run, kind=kind, step=step).exists()
+
+
+_ENDED = {"cancelled": "was cancelled", "failed": "failed", "succeeded": "ended"}
+
+
+@register.simple_tag
+def no_episodes_reason(run: Run, kind: str = EpisodeRecord.Kind.TRAIN) -> str:
+    """Why the inspector has no ``kind`` episode (training or evaluation) of this run, by the run's state."""
+    if kind == EpisodeRecord.Kind.EVAL:
+        if MetricRow.objects.filter(run=run, kind=MetricRow.Kind.EVAL).exists():
+            return (
+                "This run's evaluations were not recorded episode by episode (it evaluated before the "
+                "studio recorded evaluation episodes); the run page shows their figures."
+            )
+        if run.status == Run.Status.QUEUED:
+            return (
+                "This run is queued: its evaluations' episodes appear here, the first (of the untrained "
+                "model) once a worker has run it."
+            )
+        if run.status == Run.Status.RUNNING:
+            return (
+                "No evaluation has finished yet: an evaluation's episodes appear here once both its columns "
+                "are played (the first evaluates the untrained model before step 1; it can take minutes)."
+            )
+        ended = _ENDED.get(run.status, "ended")
+        return f"This run {ended} before any evaluation finished, so no evaluation episode was recorded."
     if run.status == Run.Status.QUEUED:
         return "This run is queued: its episodes appear here once a worker has trained its first step."
     if run.status == Run.Status.RUNNING:
         return (
-            "No step has finished yet: a step's episodes appear here when its rollouts are scored "
-            "(the evaluation before step 1 comes first; it can take minutes)."
+            "No step has finished yet: a step's episodes appear here when its rollouts are scored (the "
+            "evaluation of the untrained model comes first, under Evaluations; it can take minutes)."
         )
-    ended = {"cancelled": "was cancelled", "failed": "failed", "succeeded": "ended"}.get(run.status, "ended")
-    return f"This run {ended} before any training step finished, so no episode was recorded."
+    ended = _ENDED.get(run.status, "ended")
+    return f"This run {ended} before any training step finished, so no training episode was recorded."
 
 
 def _duration(seconds: float) -> str:
