@@ -236,7 +236,7 @@ class PlanOut(Schema):
     step_s: float = Field(description="Estimated seconds per training step.")
     eval_s: float = Field(description="Estimated seconds per evaluation.")
     table: str = Field(description="The plan as text, as `manage.py plan` prints it.")
-    notes: list[str] = Field(description="What the figures assume (e.g. what rank 0 holds on many processes).")
+    notes: list[str] = Field(description="What the figures assume (on many processes: what rank 0 holds).")
     workers: list[PlanWorkerOut] = Field(
         description="Every worker checked (the web server's machine when none has registered)."
     )

@@ -29,9 +29,11 @@ from trainer import parallel
 from trainer.actor import ActorUpdate
 from trainer.cancel import CancelToken
 from trainer.checkpoint import (
+    SHARDED_DIR,
     CheckpointState,
     check_resumable,
     load_checkpoint,
+    load_sharded,
     load_sharded_checkpoint,
     read_checkpoint,
 )
@@ -142,15 +144,25 @@ def load_extractor_model(x: ExtractorConfig, saved: Path | None) -> torch.nn.Mod
 
 
 def build_extractor(
-    cfg: RunConfig, engine: Engine, state: CheckpointState | None, out_dir: Path | None = None
+    cfg: RunConfig,
+    engine: Engine,
+    state: CheckpointState | None,
+    out_dir: Path | None = None,
+    placement: parallel.Placement | None = None,
 ) -> tuple[Extractor, ExtractorUpdate | None]:
-    """πϕ at inference over ``engine``, and its update when the method trains it (resumed with the run).
+    """πϕ at inference over ``engine``, and its update when the method trains it (resumed with the run),
+    on the placement's device, sharded over its torchrun group like the actor (every rank calls it then).
     Its unparseable answers go to ``out_dir/extractor_failures.jsonl``."""
     x = cfg.extractor
     update = None
     if cfg.extractor_trains:
         saved = state.path / "extractor" if state is not None else None
-        update = ExtractorUpdate(load_extractor_model(x, saved), x)
+        placement = placement or parallel.init_distributed(cfg.device)
+        model = load_extractor_model(x, saved)
+        model = parallel.parallelize(model, placement, activation_checkpointing=x.gradient_checkpointing)
+        update = ExtractorUpdate(frozen_in(model, placement.param_dtype), x)
+        if saved is not None and parallel.is_sharded(update.model):  # its AdamW state, resharded
+            load_sharded(saved / SHARDED_DIR, update.model, update.optimizer)
     extractor = Extractor(
         engine,
         load_tokenizer(x.model_path),
@@ -242,20 +254,26 @@ def train(
             extractor_engine = build_extractor_engine(cfg)
             owned.callback(extractor_engine.close)
         if parallel.is_main():
-            loop = coevolution_loop(cfg, state, store, extractor_engine, **common)
-        else:  # a helper rank: plays free episodes and trains its shards; πϕ's engine stays idle here
-            loop = HelperRankLoop(cfg, **common)
+            loop = coevolution_loop(cfg, state, store, extractor_engine, placement, **common)
+        else:  # a helper rank: plays free episodes, trains its shards of both models; πϕ's engine idles
+            extractor, x_update = build_extractor(cfg, extractor_engine, state, placement=placement)
+            loop = HelperRankLoop(cfg, extractor=extractor, extractor_update=x_update, **common)
         metrics = loop.run()
         parallel.barrier()  # the helper ranks wait for rank 0's extractor work before the group ends
         return metrics, loop
 
 
 def coevolution_loop(
-    cfg: RunConfig, state: CheckpointState | None, store: ExperienceStore, extractor_engine: Engine, **common
+    cfg: RunConfig,
+    state: CheckpointState | None,
+    store: ExperienceStore,
+    extractor_engine: Engine,
+    placement: parallel.Placement,
+    **common,
 ) -> CoevolutionLoop:
     """Rank 0's (or the one process's) loop of a method that uses experience: πϕ over its engine, trained
     when the method trains it, with the extractor track's state when resuming."""
-    extractor, x_update = build_extractor(cfg, extractor_engine, state, common["out_dir"])
+    extractor, x_update = build_extractor(cfg, extractor_engine, state, common["out_dir"], placement)
     loop = CoevolutionLoop(cfg, store=store, extractor=extractor, extractor_update=x_update, **common)
     if state is not None and (state.path / "extractor" / STATE_FILE).exists():
         loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))

@@ -253,12 +253,13 @@ def save_sharded_checkpoint(
     elapsed_s: float,
     config: RunConfig,
     extra: Callable[[Path], None] | None = None,
+    shards: Callable[[Path], None] | None = None,
 ) -> Path:
     """``save_checkpoint`` for a model sharded over a torchrun group (every rank calls it): weights and
     optimiser state in ``dcp/`` (each rank its shards), the whole actor as a Hugging Face folder too (any
-    engine or evaluation loads it), RNG states and ``state.json`` from rank 0, and what rank 0's ``extra``
-    writes (the extractor's parts, which live on rank 0). ``out_dir`` must be one folder for every rank (on
-    several nodes: a shared filesystem)."""
+    engine or evaluation loads it), RNG states and ``state.json`` from rank 0; what every rank's ``shards``
+    writes (πϕ's shards) and what rank 0's ``extra`` writes (the extractor track's state, which lives on
+    rank 0). ``out_dir`` must be one folder for every rank (on several nodes: a shared filesystem)."""
     from trainer import parallel
 
     final = checkpoint_dir(out_dir, step)
@@ -270,6 +271,8 @@ def save_sharded_checkpoint(
     parallel.barrier()
     save_sharded(tmp / SHARDED_DIR, model, optimizer)
     weights = parallel.full_state_dict(model)  # a collective: every rank gathers, rank 0 writes
+    if shards is not None:
+        shards(tmp)
     if main:
         model.save_pretrained(tmp / "actor", state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(tmp / "actor")

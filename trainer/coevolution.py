@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from trainer import parallel
+from trainer.checkpoint import SHARDED_DIR, save_sharded
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
@@ -282,6 +284,7 @@ class CoevolutionLoop(TrainingLoop):
             cancel=self.cancel,
             journal=Path(self.out_dir) / JOURNAL_FILE,
             progress=Progress(self.reporter, track="extractor"),
+            trains_here=not shares_extractor(self.extractor_update),
         )
 
     def run(self) -> Metrics:
@@ -289,7 +292,10 @@ class CoevolutionLoop(TrainingLoop):
             last = super().run()
             if self.cancelled:
                 return last
-            self.track.drain()
+            if shares_extractor(self.extractor_update):  # the other ranks train πϕ's last batches too
+                extractor_rounds(self.extractor_update, self.extractor, self.track, final=True)
+            else:
+                self.track.drain()
             if self.start_step > self.cfg.steps:  # resumed after its last step, for the track's work only
                 self._report_last_row_again()
             elif self.last_train:  # the last step's row again, with the extractor's work on it finished
@@ -304,6 +310,7 @@ class CoevolutionLoop(TrainingLoop):
         if self.tool is not None:
             self.tool.step = step
         metrics = self.last_train = super().train_step(step)
+        extractor_rounds(self.extractor_update, self.extractor, self.track, final=False)
         if self.cfg.merges and step % self.cfg.experience.merge_every == 0:
             self.track.request_merge(step)
         return metrics
@@ -364,14 +371,17 @@ class CoevolutionLoop(TrainingLoop):
         self.reporter.on_eval(step, metrics)
         return metrics
 
+    def save_shards(self, folder: Path) -> None:
+        save_extractor_shards(self.extractor_update, folder)
+
     def save_more(self, folder: Path) -> None:
-        """The track's state (credits settled first) and, when πϕ trains, its weights, in the checkpoint
-        before it is renamed into place."""
+        """The track's state (credits settled first) and, when πϕ trains, its weights (a sharded πϕ's:
+        ``save_shards``), in the checkpoint before it is renamed into place."""
         (folder / "extractor").mkdir(exist_ok=True)
         with self.track.update_lock:
             self.track.settle_credits()
             torch.save(self.track.state_dict(), folder / "extractor" / STATE_FILE)
-            if self.extractor_update is not None:
+            if self.extractor_update is not None and not shares_extractor(self.extractor_update):
                 self.extractor_update.model.save_pretrained(folder / "extractor", safe_serialization=True)
         if self.extractor_update is None:
             return
@@ -393,18 +403,79 @@ class RankZeroBank:
 @dataclass
 class HelperRankLoop(TrainingLoop):
     """Ranks 1..N-1 of a multi-process run that uses experience (DESIGN §7): the actor's loop, making the
-    same collectives as rank 0's ``CoevolutionLoop`` (rollout gathers, sharded updates and syncs, both
-    evaluation columns, checkpoints) while playing the free episodes it owns. The bank, the extractor track
-    and Search-and-Ask live on rank 0 alone, so entries are distilled and written once; this rank reports
-    nothing."""
+    same collectives as rank 0's ``CoevolutionLoop`` (rollout gathers, sharded updates and syncs of both
+    models, both evaluation columns, checkpoints) while playing the free episodes it owns. The bank, the
+    extractor track and Search-and-Ask live on rank 0 alone, so entries are distilled and written once;
+    this rank trains its shards of πϕ on the batches rank 0 hands out, and reports nothing."""
+
+    extractor: Extractor | None = None
+    """πϕ over this rank's engine, which only serves its synced weights (rank 0's distils)."""
+    extractor_update: ExtractorUpdate | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.retrieve = RankZeroBank()
 
+    def run(self) -> Metrics:
+        last = super().run()
+        if not self.cancelled:
+            extractor_rounds(self.extractor_update, self.extractor, None, final=True)
+        return last
+
+    def train_step(self, step: int) -> Metrics:
+        metrics = super().train_step(step)
+        extractor_rounds(self.extractor_update, self.extractor, None, final=False)
+        return metrics
+
     def evaluate(self, step: int) -> Metrics:
         self.progress.start(step, "evaluation", "episodes")
         return evaluate(self.eval_runner, self.cfg.env, self.cfg.eval_episodes, retrieve=self.retrieve)
+
+    def save_shards(self, folder: Path) -> None:
+        save_extractor_shards(self.extractor_update, folder)
+
+
+ROUND_S = 30.0
+"""How long rank 0 drains its extractor track between two rounds at the end of a run whose πϕ is sharded:
+the other ranks wait in each round's broadcast, never near a collective's time-out."""
+
+
+def shares_extractor(update: ExtractorUpdate | None) -> bool:
+    """πϕ trains sharded over the torchrun group: its updates are collectives every rank joins."""
+    return update is not None and parallel.is_sharded(update.model)
+
+
+def extractor_rounds(
+    update: ExtractorUpdate | None, extractor: Extractor, track: ExtractorTrack | None, *, final: bool
+) -> None:
+    """The updates of a sharded πϕ (nothing otherwise): rank 0 (``track`` given) hands its full credit
+    buffers to every rank, and all train on them together (CISPO step and sync are collectives). One round
+    after each actor step; at the end (``final``) rounds until rank 0's track has drained."""
+    if not shares_extractor(update):
+        return
+    done = False
+    while not done:
+        if track is None:
+            batches, done = parallel.broadcast_object(None)
+            for batch in batches:
+                update.train(batch, extractor)
+            continue
+        drained = not final or track.drain(timeout=ROUND_S)
+        with track.update_lock:  # no checkpoint between taking a batch and training on it
+            batches, done = parallel.broadcast_object((track.take_ready(), drained))
+            for batch in batches:
+                track.train(batch)
+
+
+def save_extractor_shards(update: ExtractorUpdate | None, folder: Path) -> None:
+    """A sharded πϕ's part of a checkpoint (every rank calls it): weights and AdamW state in
+    ``extractor/dcp/`` (each rank its shards), the whole model as a Hugging Face folder from rank 0."""
+    if not shares_extractor(update):
+        return
+    save_sharded(folder / "extractor" / SHARDED_DIR, update.model, update.optimizer)
+    weights = parallel.full_state_dict(update.model)  # a collective
+    if parallel.is_main():
+        update.model.save_pretrained(folder / "extractor", state_dict=weights, safe_serialization=True)
 
 
 def work_left(out_dir: Path, checkpoint: Path) -> bool:

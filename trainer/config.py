@@ -720,12 +720,11 @@ PRESETS: dict[str, RunConfig] = {
         ),
         rollout=RolloutConfig(max_new_tokens=512, context_tokens=8192, kv_cache_gib=6.0),
     ),
-    # The paper's setting: 7B actor, 4B extractor, 3-task mixture, paper hyper-parameters, full fine-tunes,
-    # the actor sharded with FSDP2 over one node of 8 GPUs. Rank 0 also trains πϕ, unsharded, beside the
-    # bank and the extractor track (trainer.assemble): sized by trainer.plan (manage.py plan --config paper
-    # --devices 8x141GB) at ~132 GB on rank 0, so 8 × 141 GB (H200); πϕ's 4B full fine-tune with AdamW is
-    # 64 GB of it. At 8,192 context tokens; 16,384 would add ~15 GB, most of it the output layer's
-    # log-softmax over ~12k own tokens × 152k vocabulary (kept for the backward).
+    # The paper's setting: 7B actor, 4B extractor, 3-task mixture, paper hyper-parameters, full fine-tunes
+    # sharded with FSDP2 over one node of 8 GPUs of 80 GB. Sized by trainer.plan (manage.py plan --config
+    # paper --devices 8x80GB): ~76 GB on rank 0 (which also plays every guided episode and holds the bank)
+    # at 8,192 context tokens; 16,384 would need ~91 GB, most of it the output layer's log-softmax over ~12k
+    # own tokens × 152k vocabulary (kept for the backward).
     "paper": RunConfig(
         env="3-task",
         nproc=8,

@@ -238,11 +238,16 @@ class TrainingLoop:
             elapsed_s=self.clock(),
             config=self.cfg,
             extra=self.save_more,
+            shards=self.save_shards,
         )
         self.checkpointed_at = time.monotonic()
         if parallel.is_main():
             prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
         return self.last_checkpoint
+
+    def save_shards(self, folder: Path) -> None:
+        """Every rank: write more sharded parts of a checkpoint into its (not yet final) ``folder``;
+        nothing here."""
 
     def save_more(self, folder: Path) -> None:
         """Write more parts of a checkpoint into its (not yet final) ``folder``; nothing here."""

@@ -276,6 +276,15 @@ def gather_owned(mine: list[T], owned_by: Sequence[int]) -> list[T]:
     return [next(by_rank[r]) for r in owned_by]
 
 
+def broadcast_object(obj: T) -> T:
+    """Rank 0's ``obj`` on every rank (a collective: ``broadcast_object_list``); one process: ``obj``."""
+    if _rank_and_world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def gather_values(values: dict[str, float]) -> list[dict[str, float]]:
     """Every rank's ``values``, by rank (a collective: ``all_gather_object``); one process: its own."""
     rank, world = _rank_and_world()

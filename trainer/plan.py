@@ -335,8 +335,7 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     if cfg.extractor_trains:
         x_seq = _extractor_seq(cfg)
         x_own = cfg.extractor.max_new_tokens
-        # rank 0 trains πϕ alone, unsharded, beside its extractor track (trainer.assemble)
-        parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, 1)
+        parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc)
     parts += _engine_parts("actor", actor, cfg, cfg.rollout.kv_cache_gib, kind, _live_per_rank(cfg, nproc))
     if cfg.uses_experience:
         x_cache = cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib
@@ -349,8 +348,8 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     step_s, eval_s = _step_seconds(cfg, actor, extractor, kind, nproc), _eval_seconds(cfg, actor, kind, nproc)
     notes = ()
     if cfg.uses_experience and nproc > 1:
-        notes = ("rank 0 (the figures above) plays every guided episode and holds the bank, the extractor "
-                 "track and πϕ's trainer; the other ranks play the free episodes",)  # fmt: skip
+        notes = ("rank 0 (the figures above) plays every guided episode and holds the bank and the "
+                 "extractor track; the other ranks play the free episodes",)  # fmt: skip
     return Plan(tuple(parts), nproc, kind, step_s, eval_s, notes)
 
 
@@ -527,7 +526,7 @@ def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind
         seconds += 2 * extractor.params() * distil / FLOPS[kind]["rollout"]
     if cfg.extractor_trains:
         tokens = min(episodes, cfg.extractor.buffer_size) * _extractor_seq(cfg)
-        seconds += _update_seconds(tokens, extractor, cfg.extractor, kind, 1)
+        seconds += _update_seconds(tokens, extractor, cfg.extractor, kind, nproc)
     return seconds
 
 

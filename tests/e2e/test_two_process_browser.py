@@ -6,12 +6,16 @@ Screenshot: two-process-run.png."""
 
 from __future__ import annotations
 
+import shutil
+import uuid
+
 import pytest
 from django.contrib.auth.models import Permission
 
 from tests.conftest import worker_on
 from tests.e2e.conftest import ARTIFACTS
 from tests.trainer.tiny_models import tiny_llama_folder
+from trainer import paths
 from webapp.models import MetricRow, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,13 +37,21 @@ SMALL = "\n".join(
 
 
 @pytest.fixture
+def tiny_actor():
+    """The tiny Llama among the prepared models: a launch may only name models from those folders."""
+    folder = paths.models_dir() / f"e2e-tiny-llama-{uuid.uuid4().hex[:8]}"
+    yield tiny_llama_folder(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def alice(user):
     user.user_permissions.add(Permission.objects.get(codename="launch_run", content_type__app_label="webapp"))
     return user
 
 
 def test_a_two_process_complementary_run_launched_from_the_browser(
-    server, browser_page, alice, training_queue, tmp_path
+    server, browser_page, alice, training_queue, tiny_actor
 ):
     from experience.models import Experience
 
@@ -50,13 +62,14 @@ def test_a_two_process_complementary_run_launched_from_the_browser(
     page.click("button[type=submit]")
     page.goto(server + "/runs/launch/")
     page.select_option("#id_method", "complementary")
-    page.fill("#id_actor_model", str(tiny_llama_folder(tmp_path / "tiny")))
+    page.fill("#id_actor_model", str(tiny_actor))
     for field, value in {"steps": 2, "tasks_per_step": 1, "k_rollouts": 4, "turn_limit": 3, "eval_every": 0,
                          "nproc": 2}.items():  # fmt: skip
         page.fill(f"#id_{field}", str(value))
     page.fill("#id_overrides", SMALL)
     page.fill("#id_name", "two ranks")
-    page.wait_for_selector("#plan-verdict:has-text('Fits')")
+    page.wait_for_selector("#plan-time:has-text('2 processes')")  # re-planned as the fields changed
+    assert page.query_selector("#plan-verdict") is not None, page.inner_text("#plan-result")
     assert "Rank 0 (the figures above) plays every guided episode" in page.inner_text("#plan-result")
     page.click("#launch-form button[type=submit]")
     page.wait_for_selector("#run-header")

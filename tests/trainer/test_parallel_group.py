@@ -97,15 +97,15 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     make_run, celery_worker
 ):
     """Rank 0 plays the guided episodes and keeps the bank, the extractor track and Search-and-Ask; rank 1
-    plays the free ones. πϕ is the prepared SmolLM2 (on rank 0 only), the actor the tiny Llama. Rank 1 is
-    killed after step 1: the group resumes from the checkpoint (the extractor's state in it) and every
-    episode is still distilled once."""
+    plays the free ones; both train their shards of both models. πϕ is the prepared SmolLM2, the actor the
+    tiny Llama. Rank 1 is killed after step 1: the group resumes from the checkpoint (πϕ's shards and the
+    track's state in it) and every episode is still distilled once."""
     from experience.models import Experience
 
     run = make_run(
         method="complementary",
         steps=3,
-        **{"extractor.max_new_tokens": 48, "extractor.buffer_size": 2, "extractor.micro_batch_size": 1,
+        **{"extractor.max_new_tokens": 48, "extractor.buffer_size": 1, "extractor.micro_batch_size": 1,
            "experience.warmup_steps": 0, "experience.merge_every": 1, "eval_every": 3},
     )  # fmt: skip
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
@@ -121,6 +121,8 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     # 2 guided episodes a step on rank 0 (K = 4, half guided), the 2 free ones on rank 1
     assert last["rank/0/episodes"] == last["rank/1/episodes"] == 2
     assert last["extractor/distilled"] == 12  # every episode of the three steps, once across the restart
+    # πϕ is sharded over both ranks: each of its CISPO updates was a round that both ranks joined
+    assert last["extractor/updates"] >= 1 and last["extractor/weight_version"] >= last["extractor/updates"]
     assert "eval/with_exp/success" in rows["eval", 3]
     texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
     assert len(texts) == len(set(texts)) and last["bank/size"] == len(texts) > 0

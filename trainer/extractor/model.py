@@ -169,6 +169,9 @@ class Extractor:
         """The version the trainer last synced; a generation stamped otherwise is stale."""
         self.stats = ExtractorStats(failure_log=failure_log)
         self._stats_lock = threading.Lock()
+        self.serving = threading.RLock()
+        """Held across a generation and its version check, and across a weight sync: a sync made on another
+        thread (πϕ's sharded update, on the loop's thread) never lands in the middle of a generation."""
 
     # ---- engine calls ------------------------------------------------------------------------
 
@@ -195,16 +198,17 @@ class Extractor:
             )
             for t, schema in zip(texts, schemas, strict=True)
         ]
-        outputs = self.engine.generate(requests)
-        for out in outputs:
-            if out.weight_version != self.expected_version:
-                raise StaleExtractorError(
-                    f"the extractor engine answered with weight version {out.weight_version}, but the "
-                    f"trainer last synced version {self.expected_version}: it serves stale weights"
-                )
-        logprobs = [out.logprobs for out in outputs]
-        if self.structured:
-            logprobs = self._unconstrained_logprobs(requests, outputs)
+        with self.serving:
+            outputs = self.engine.generate(requests)
+            for out in outputs:
+                if out.weight_version != self.expected_version:
+                    raise StaleExtractorError(
+                        f"the extractor engine answered with weight version {out.weight_version}, but the "
+                        f"trainer last synced version {self.expected_version}: it serves stale weights"
+                    )
+            logprobs = [out.logprobs for out in outputs]
+            if self.structured:
+                logprobs = self._unconstrained_logprobs(requests, outputs)
         return [
             Generation(
                 prompt=t,

@@ -41,8 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer import parallel
 from trainer.cancel import Cancelled, CancelToken
-from trainer.extractor.credit import CreditBuffer, generation_key
+from trainer.extractor.credit import Batch, CreditBuffer, generation_key
 from trainer.extractor.model import DistilRequest, Extractor, job_counts
 from trainer.extractor.update import ExtractorUpdate
 from trainer.memory import release_freed_memory
@@ -162,18 +163,22 @@ class ExtractorTrack:
         cancel: CancelToken | None = None,
         journal: Path | None = None,
         progress: Progress | None = None,
+        trains_here: bool = True,
     ) -> None:
         """``update=None``: πϕ stays frozen (static_online) but still keeps the bank online. ``cancel``:
         once set, queued work is dropped and the current item stops at its next batch or micro-batch (both
         stay in the checkpoint's unfinished items). ``journal``: the file of finished work (see
         ``TrackJournal``); the run's folder keeps it across attempts. ``progress``: where πϕ's work is
-        (distilling a step's episodes, merging, a CISPO update), reported from the track's thread."""
+        (distilling a step's episodes, merging, a CISPO update), reported from the track's thread.
+        ``trains_here`` False: the thread fills the credit buffer but leaves πϕ's updates to the loop
+        (``take_ready``, ``train``): a sharded πϕ trains on every rank at once."""
         self.extractor = extractor
         self.store = store
         self.buffer = buffer
         self.scopes = list(scopes)
         self.update = update
         self.warmup_steps = warmup_steps
+        self.trains_here = trains_here
         self.distil_batch = distil_batch
         self.progress = progress or Progress(None)
         self.cancel = cancel or CancelToken()
@@ -280,7 +285,7 @@ class ExtractorTrack:
             credits = list(self._pending_credits)
             journaled = sorted(k for k in self.journal.finished if _item_of(k) in self._unfinished)
         return {
-            "optimizer": self.update.optimizer.state_dict() if self.update else None,
+            "optimizer": self.update.optimizer.state_dict() if self._owns_optimizer_state() else None,
             "buffer": self.buffer.state_dict(),
             "merge_keys": sorted(self._merge_keys),
             "counts": counts,
@@ -289,6 +294,11 @@ class ExtractorTrack:
             "journaled": journaled,
             "pending_credits": credits,
         }
+
+    def _owns_optimizer_state(self) -> bool:
+        """πϕ's AdamW state goes into this track's state: not when πϕ is sharded (every rank saves its
+        shards with the checkpoint's DCP)."""
+        return self.update is not None and not parallel.is_sharded(self.update.model)
 
     def _finished_stats(self) -> dict:
         """πϕ's counters less what the work under way has counted so far (it is done again, or
@@ -313,7 +323,7 @@ class ExtractorTrack:
         the checkpoint's unfinished work, queued ahead of anything new (a checkpoint written before these
         were saved starts the counters at zero and has no work to give back)."""
         with self.update_lock:
-            if self.update is not None and state["optimizer"] is not None:
+            if self._owns_optimizer_state() and state["optimizer"] is not None:
                 self.update.optimizer.load_state_dict(state["optimizer"])
             self.buffer.load_state_dict(state["buffer"])
             self._merge_keys = set(state["merge_keys"])
@@ -516,23 +526,39 @@ class ExtractorTrack:
         self._finish(item.key, "merge", counts, merge_keys)
 
     def _maybe_train(self) -> None:
-        if self.update is None or self.latest_step <= self.warmup_steps:
+        if not self.trains_here:
             return
-        while self.buffer.ready():
-            t0 = time.perf_counter()
-            self.progress.start(self.latest_step, "extractor: CISPO update")
+        while self._trainable() and self.buffer.ready():
             with self.update_lock:
-                batch = self.buffer.take()
-                metrics = self.update.step(batch, self.extractor)
-                metrics["time/extractor_sync_s"] = self.update.sync(self.extractor)
-            release_freed_memory()
-            self.store.record_training(batch.entry_ids, step=batch.step)
-            with self._lock:
-                self.last_update = metrics
-            self._count(
-                updates=1,
-                updates_with_signal=float(metrics["extractor/adv_abs_mean"] > 0),
-                update_s=time.perf_counter() - t0,
-                adv_abs_sum=metrics["extractor/adv_abs_mean"],
-                clip_frac_sum=metrics["extractor/clip_frac"],
-            )
+                self.train(self.buffer.take())
+
+    def _trainable(self) -> bool:
+        return self.update is not None and self.latest_step > self.warmup_steps
+
+    def take_ready(self) -> list[Batch]:
+        """Every full buffer, with the outcomes submitted so far credited first: for a loop that trains πϕ
+        itself (``trains_here`` False: its sharded update is a collective of every rank). The caller holds
+        ``update_lock`` until it has trained them (``train``), so that no checkpoint sees them taken but
+        not trained."""
+        self._credit(self._take_credits())
+        batches = []
+        while self._trainable() and self.buffer.ready():
+            batches.append(self.buffer.take())
+        return batches
+
+    def train(self, batch: Batch) -> None:
+        """One CISPO update of πϕ on ``batch`` and its sync, counted; the caller holds ``update_lock``."""
+        t0 = time.perf_counter()
+        self.progress.start(self.latest_step, "extractor: CISPO update")
+        metrics = self.update.train(batch, self.extractor)
+        release_freed_memory()
+        self.store.record_training(batch.entry_ids, step=batch.step)
+        with self._lock:
+            self.last_update = metrics
+        self._count(
+            updates=1,
+            updates_with_signal=float(metrics["extractor/adv_abs_mean"] > 0),
+            update_s=time.perf_counter() - t0,
+            adv_abs_sum=metrics["extractor/adv_abs_mean"],
+            clip_frac_sum=metrics["extractor/clip_frac"],
+        )

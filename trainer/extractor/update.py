@@ -155,14 +155,23 @@ class ExtractorUpdate:
         ]
 
     def sync(self, extractor: Extractor) -> float:
-        """Serve the trained weights from the extractor's engine, one version up; returns the seconds."""
+        """Serve the trained weights from the extractor's engine, one version up; returns the seconds.
+        Sharded: every rank calls it (gathering the weights is a collective) and serves its own engine."""
         t0 = time.perf_counter()
-        version = extractor.expected_version + 1
-        extractor.engine.update_weights(served_state_dict(self.model), version)  # LoRA: merged
-        if extractor.engine.weight_version != version:
-            raise StaleExtractorError(
-                f"the extractor engine reports weight version {extractor.engine.weight_version} after a sync "
-                f"to version {version}"
-            )
-        extractor.expected_version = version
+        weights = served_state_dict(self.model)  # LoRA: merged
+        with extractor.serving:  # no generation sees the new weights under the old version
+            version = extractor.expected_version + 1
+            extractor.engine.update_weights(weights, version)
+            if extractor.engine.weight_version != version:
+                raise StaleExtractorError(
+                    f"the extractor engine reports weight version {extractor.engine.weight_version} after a "
+                    f"sync to version {version}"
+                )
+            extractor.expected_version = version
         return time.perf_counter() - t0
+
+    def train(self, batch: Batch, extractor: Extractor) -> Metrics:
+        """``step`` on ``batch``, then ``sync``: one update of πϕ, served."""
+        metrics = self.step(batch, extractor)
+        metrics["time/extractor_sync_s"] = self.sync(extractor)
+        return metrics
