@@ -1,14 +1,17 @@
 """The launch plan (trainer.plan) against measured peaks: a few real steps of each config, one at a time.
 
-    python benchmarks/bench_plan.py [--steps 2] [--only grpo,complementary,lora,fsdp2]
+    python benchmarks/bench_plan.py [--steps 2] [--only grpo,complementary,lora,fsdp2] [--set key=value ...]
 
 Each config runs with ``--steps`` as ``python -m trainer.train`` (grpo) or ``manage.py train --no-record``
 (the experience methods need the bank's database: run ``manage.py migrate`` once, as ``make run`` does),
 evaluating only at the end; a sampler reads the resident memory of the whole process tree (every torchrun
 rank, every engine) every 0.2 s and keeps the peak. Printed per config: the plan's peak (one device; for
 ``fsdp2`` the sum over its ranks, as they share this machine) against the measured peak RSS, and the plan's
-step time against the median ``time/step_s`` of the run's steps. The acceptance bound of issue 37:
-peak within ±25%, step time within ±50%.
+step time against the median ``time/step_s`` of the run's steps, and how many steps ran a backward pass
+(``actor/sequences`` above 0: a step whose groups all have zero advantage trains nothing, so its peak is not
+the plan's). ``--set`` changes every config alike, e.g. an env where SmolLM2 earns rewards:
+``--set env=MiniHack-Room-Random-5x5 --set rollout.max_new_tokens=8 --set rollout.temperature=0.7``. The
+acceptance bound of issue 37: peak within ±25%, step time within ±50%.
 
 Run it on a quiet machine: one config at a time, nothing else heavy beside it (a complementary cpu step
 holds ~20 GB here). Timings under other load are not the plan's to match.
@@ -91,32 +94,38 @@ def planned(argv: list[str], steps: int):
     return plan, cfg.nproc
 
 
-def step_seconds(out: Path) -> float:
+def step_rows(out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["time/step_s"] for r in rows if r.get("kind") == "step" and "time/step_s" in r)
+    return [r for r in rows if r.get("kind") == "step" and "time/step_s" in r]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--only", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    parser.add_argument("--set", action="append", default=[], help="key=value for every config (repeatable)")
     args = parser.parse_args()
+    more = [arg for setting in args.set for arg in ("--set", setting)]
     print(
         f"{'config':<14} {'plan GB':>8} {'peak GB':>8} {'ratio':>6} {'plan s':>7} {'step s':>7} {'ratio':>6}"
+        f" {'backward':>9}"
     )
     for name in args.only.split(","):
-        argv = [*CONFIGS[name], "--steps", str(args.steps), "--set", "eval_every=0"]
-        plan, nproc = planned(CONFIGS[name], args.steps)
+        config = [*CONFIGS[name], *more]
+        plan, nproc = planned(config, args.steps)
+        argv = [*config, "--steps", str(args.steps), "--set", "eval_every=0"]
         with tempfile.TemporaryDirectory(prefix=f"bench-plan-{name}-") as tmp:
             code, peak = run_measured(argv, Path(tmp))
             if code:
                 print(f"{name:<14} failed (exit {code})")
                 continue
-            step = step_seconds(Path(tmp))
+            rows = step_rows(Path(tmp))
+        step = statistics.median(r["time/step_s"] for r in rows)
+        trained = sum(r.get("actor/sequences", 0) > 0 for r in rows)
         want = plan.device_bytes() * nproc
         print(
             f"{name:<14} {want / 1e9:>8.1f} {peak / 1e9:>8.1f} {want / peak:>6.2f} "
-            f"{plan.step_s:>7.0f} {step:>7.0f} {plan.step_s / step:>6.2f}"
+            f"{plan.step_s:>7.0f} {step:>7.0f} {plan.step_s / step:>6.2f} {trained:>4} of {len(rows)}"
         )
 
 

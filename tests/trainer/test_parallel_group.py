@@ -98,7 +98,7 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
 ):
     """Rank 0 plays the guided episodes and keeps the bank, the extractor track and Search-and-Ask; rank 1
     plays the free ones; both train their shards of both models. πϕ is the prepared SmolLM2, the actor the
-    tiny Llama. Rank 1 is killed after step 1: the group resumes from the checkpoint (πϕ's shards and the
+    tiny Llama. Rank 1 is killed after step 2: the group resumes from the checkpoint (πϕ's shards and the
     track's state in it) and every episode is still distilled once."""
     from experience.models import Experience
 
@@ -109,12 +109,13 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
            "experience.warmup_steps": 0, "experience.merge_every": 1, "eval_every": 3},
     )  # fmt: skip
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
-    wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=1).exists(), 900, "step 1")
+    wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=2).exists(), 900, "step 2")
     ranks = wait_for(lambda: _ranks(run, celery_worker), 60, "both ranks")
     ranks[1].send_signal(signal.SIGKILL)
     assert result.get(timeout=1500) == Run.Status.SUCCEEDED, _status(run)
     run.refresh_from_db()
     assert run.restarts == 1 and "resumed from the last checkpoint" in run.notice
+    assert run.environment["resumed_at_steps"] in ("1", "2")  # πϕ's shards came back from extractor/dcp/
     rows = {(r.kind, r.step): r.values for r in MetricRow.objects.filter(run=run)}
     assert sorted(rows) == [("eval", 0), ("eval", 3), ("train", 1), ("train", 2), ("train", 3)]
     last = rows["train", 3]
@@ -127,4 +128,6 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
     assert len(texts) == len(set(texts)) and last["bank/size"] == len(texts) > 0
     saved = run_dir(run) / "checkpoints" / "step-000003"
-    assert (saved / "dcp" / ".metadata").exists() and (saved / "extractor" / "state.pt").exists()
+    assert (saved / "dcp" / ".metadata").exists()
+    extractor_parts = ("dcp/.metadata", "state.pt", "model.safetensors")  # πϕ's shards, track, whole model
+    assert all((saved / "extractor" / part).exists() for part in extractor_parts)
