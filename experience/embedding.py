@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,13 +109,22 @@ def default_embedder() -> Embedder:
         return _default
 
 
-def warm_up_in_background() -> None:
+def warm_up_in_background(then: Callable[[], None] | None = None) -> None:
     """Start loading the process-wide embedder in a thread (the web server and each worker process call this
-    as they start), so that no request waits for the model; idempotent."""
+    as they start), so that no request waits for the model; ``then`` runs in that thread once it has loaded
+    (or failed to). Idempotent: while the model loads or once it has, a call starts and runs nothing."""
     global _warm_up
+
+    def warm_up() -> None:
+        try:
+            default_embedder()
+        finally:
+            if then is not None:
+                then()
+
     with _default_lock:
         if _warm_up is None and _default is None:
-            _warm_up = threading.Thread(target=default_embedder, name="embedder-warm-up", daemon=True)
+            _warm_up = threading.Thread(target=warm_up, name="embedder-warm-up", daemon=True)
             _warm_up.start()
 
 

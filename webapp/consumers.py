@@ -11,12 +11,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.db import DatabaseError
 from django.utils.crypto import constant_time_compare
 from django.utils.module_loading import import_string
 
 from webapp import sockets
 from webapp.events import run_group, session_group, user_group
 from webapp.selectors import metric_rows_since, run_visible
+from webapp.views_errors import pool_exhausted
 
 log = logging.getLogger(__name__)
 SessionStore = import_string(f"{settings.SESSION_ENGINE}.SessionStore")
@@ -27,6 +29,7 @@ TRY_AGAIN_LATER = 1013
 UNSUPPORTED_DATA = 1003
 INVALID_PAYLOAD = 1007
 OVER_CAP = "too many live pages open: close some tabs"
+BUSY = "live updates are busy: retrying"
 
 in_db_thread = partial(database_sync_to_async, thread_sensitive=False)
 """The sockets' database reads run in the event loop's thread pool, not in the one thread that serves every
@@ -55,7 +58,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     - 4404: no such socket path (``UnknownSocket``);
     - 4429: the user already has ``STUDIO_SOCKETS_PER_USER`` sockets open (sent after accept, with a reason,
       so the page can tell the user to close some tabs);
-    - 1013 (try again later): Redis, the channel layer, failed or stayed busy; the page reconnects later;
+    - 1013 (try again later): Redis, the channel layer, failed or stayed busy, or no database connection
+      was free in time (``STUDIO_DB_POOL_TIMEOUT``); the page reconnects later;
     - 1003 (unsupported data): a binary frame; 1007 (invalid payload): a text frame that is not JSON.
     """
 
@@ -63,12 +67,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     slot_keeper: asyncio.Task | None = None
 
     async def __call__(self, scope, receive, send) -> None:
-        """A channel-layer failure anywhere in the socket's life (its receive loop included) closes it with
-        1013, never a 500 at the handshake or an ASGI error later."""
+        """A channel-layer failure, or a database read that found every connection of the process's pool in
+        use, anywhere in the socket's life (its receive loop included) closes it with 1013, never a 500 at
+        the handshake or an ASGI error later."""
         try:
             await super().__call__(scope, receive, send)
         except sockets.LAYER_ERRORS:
             log.warning("run socket closed: the channel layer failed", exc_info=True)
+            await self._give_up()
+        except DatabaseError as exc:
+            if not pool_exhausted(exc):
+                raise
+            log.warning("run socket closed: no database connection was free in time")
             await self._give_up()
         finally:
             if self.slot_keeper is not None:  # cancelled (the server stops): the slot lapses on its own
@@ -118,7 +128,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await super().close(code=code, reason=reason)
 
     async def _give_up(self) -> None:
-        await self.close(code=TRY_AGAIN_LATER, reason="live updates are busy: retrying")
+        await self.close(code=TRY_AGAIN_LATER, reason=BUSY)
         try:
             await self._let_go()
         except sockets.LAYER_ERRORS:
@@ -216,6 +226,30 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         ):
             return False  # as Django's own login check: a password change ends the user's other sessions
         return run_visible(user, self.run_id)
+
+
+class BusyDatabaseGuard:
+    """ASGI middleware over the socket stack: a handshake whose session or user could not be read because
+    every database connection of the process was in use (``views_errors.pool_exhausted``) is refused, not
+    answered with a 500; the page reconnects later. The consumer handles its own reads (``RunConsumer``)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send) -> None:
+        sent = []
+
+        async def sending(message: dict) -> None:
+            sent.append(message["type"])
+            await send(message)
+
+        try:
+            await self.inner(scope, receive, sending)
+        except DatabaseError as exc:
+            if not pool_exhausted(exc) or "websocket.close" in sent:
+                raise
+            log.warning("run socket refused: no database connection was free in time")
+            await send({"type": "websocket.close", "code": TRY_AGAIN_LATER, "reason": BUSY})
 
 
 class UnknownSocket(AsyncWebsocketConsumer):

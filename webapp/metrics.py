@@ -3,12 +3,20 @@ studio's own gauges, computed at each scrape (``StudioCollector``).
 
 Readable by staff users, and by a scraper sending ``Authorization: Bearer <STUDIO_METRICS_TOKEN>``; anyone
 else gets 401 (no or a wrong token, not logged in) or 403 (logged in, not staff), never a login page.
+
+A scrape reaches one web-server process of several (``STUDIO_WEB_PROCESSES``), whose own counters would jump
+back and forth between scrapes. So ``manage.py up`` gives the web server a folder in
+``PROMETHEUS_MULTIPROC_DIR``, where prometheus_client keeps every process's counters and histograms, and a
+scrape adds them up (its multiprocess mode; the per-process ``process_*`` metrics are then left out).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import redis
 from django.conf import settings
@@ -19,14 +27,16 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_GET
 from kombu.transport.redis import PRIORITY_STEPS, Channel
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from webapp import sockets
 from webapp.models import Run
 
 log = logging.getLogger(__name__)
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def db_pool() -> Iterator[GaugeMetricFamily]:
@@ -131,7 +141,27 @@ class StudioCollector(Collector):
                 log.warning("a metric could not be read", exc_info=True)
 
 
-REGISTRY.register(StudioCollector())
+STUDIO_GAUGES = StudioCollector()
+REGISTRY.register(STUDIO_GAUGES)
+
+
+def scrape_registry() -> CollectorRegistry:
+    """What a scrape reads: this process's registry, or with ``PROMETHEUS_MULTIPROC_DIR`` set every web
+    process's counters from their files, and the studio's gauges."""
+    if not os.environ.get(MULTIPROCESS_ENV):
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    registry.register(STUDIO_GAUGES)
+    return registry
+
+
+def fresh_multiprocess_dir(path: Path) -> Path:
+    """An empty folder for the web processes' metric files: counters start from zero with the server, as
+    they do in one process."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
 
 def may_scrape(request: HttpRequest) -> bool:
@@ -146,7 +176,7 @@ def may_scrape(request: HttpRequest) -> bool:
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if may_scrape(request):
-        return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+        return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
     if request.user.is_authenticated:
         return HttpResponse("Staff only.\n", status=403, content_type="text/plain")
     response = HttpResponse(

@@ -201,6 +201,15 @@ STUDIO_TRAINING_NICE = int(os.environ.get("STUDIO_TRAINING_NICE", "10"))
 """How much lower than its worker's the CPU priority of a training process is (``nice``; 0: the same)."""
 STUDIO_LIGHT_WORKER_CONCURRENCY = int(os.environ.get("STUDIO_LIGHT_WORKER_CONCURRENCY", "2"))
 """Light tasks (queue ``default``) the second worker of ``manage.py up`` runs at once, beside the runs."""
+STUDIO_LIGHT_WORK_NICE = int(os.environ.get("STUDIO_LIGHT_WORK_NICE", "5"))
+"""How much lower than the web server's the CPU priority of the light worker of ``manage.py up`` is (``nice``;
+0: the same): a bank import embeds on every core it finds, and pages must not wait for it. Between the web
+server's and training's (``STUDIO_TRAINING_NICE``), so no run holds an import back either."""
+STUDIO_WEB_PROCESSES = int(os.environ.get("STUDIO_WEB_PROCESSES", "2"))
+"""Web-server processes ``manage.py up`` starts (uvicorn ``--workers``; they share the port). One process runs
+Python on one core at a time: on a 2-core machine one saturated at ~24 requests/s under the load benchmark.
+Each holds its own database pool (``STUDIO_DB_POOL_WEB``) and channel-layer connections; sockets and groups
+work across them through Redis."""
 
 EXPERIMENT_RESULTS_DIR = Path(os.environ.get("STUDIO_EXPERIMENT_RESULTS", BASE_DIR / "docs" / "experiments"))
 """Where finished experiment cells copy their small result files, and reports are written."""

@@ -32,6 +32,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import F
 
+from webapp import dbpool
 from webapp.models import Run
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def train_in_child(run_id: int, nproc: int = 1) -> int:
         "STUDIO_DB_NAME": connection.settings_dict["NAME"],
         "STUDIO_EXPERIMENT_RESULTS": str(settings.EXPERIMENT_RESULTS_DIR),
     }
+    env |= dbpool.role_env("training")  # its threads each keep a connection: a pool of its own size
     command = [str(settings.BASE_DIR / "manage.py"), "train_claimed", str(run_id)]
     preexec = _die_with_parent if _LIBC is not None else None
     options = {"cwd": settings.BASE_DIR, "env": env, "preexec_fn": preexec}  # fork-safe: see _LIBC

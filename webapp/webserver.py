@@ -9,7 +9,9 @@ from __future__ import annotations
 import sys
 
 
-def command(host: str, port: int, *, python: str = sys.executable) -> list[str]:
-    """The command line that serves ``webapp.asgi`` on ``host:port`` (Django's ASGI app has no lifespan)."""
-    return [python, "-m", "uvicorn", "webapp.asgi:application", "--host", host, "--port", str(port),
-            "--lifespan", "off"]  # fmt: skip
+def command(host: str, port: int, *, processes: int = 1, python: str = sys.executable) -> list[str]:
+    """The command line that serves the product on ``host:port`` from ``processes`` processes sharing the port
+    (uvicorn's supervisor restarts one that dies), each calling ``webapp.asgi.served`` for its application.
+    Django's ASGI app has no lifespan."""
+    return [python, "-m", "uvicorn", "--factory", "webapp.asgi:served", "--host", host, "--port", str(port),
+            "--workers", str(processes), "--lifespan", "off"]  # fmt: skip

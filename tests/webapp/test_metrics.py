@@ -3,6 +3,9 @@ own gauges, read from the real PostgreSQL and Redis."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -114,6 +117,20 @@ def test_the_gauges_count_runs_queued_tasks_open_sockets_and_connections(
     ):  # Django's pool (OPTIONS["pool"]): the scrape holds one of its connections
         assert samples[("studio_db_pool_connections", (("state", "in_use"),))] >= 1
         assert samples[("studio_db_pool_max_connections", ())] == connection.pool.get_stats()["pool_max"]
+
+
+def test_with_several_web_processes_a_scrape_adds_up_their_counters(client, staff, tmp_path, monkeypatch):
+    """Each web-server process of ``manage.py up`` keeps its counters in ``PROMETHEUS_MULTIPROC_DIR``; the
+    process that answers a scrape adds up every process's, and still gives the studio's gauges."""
+    count = "from prometheus_client import Counter; Counter('studio_test_requests', 'x').inc({n})"
+    for n in (2, 3):  # two processes
+        env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+        subprocess.run([sys.executable, "-c", count.format(n=n)], env=env, check=True, timeout=60)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    client.force_login(staff)
+    samples = _samples(client.get("/metrics"))
+    assert samples[("studio_test_requests_total", ())] == 5
+    assert ("studio_runs", (("status", "queued"),)) in samples
 
 
 def test_a_lapsed_socket_slot_is_not_counted(client, staff, user, own_queues_and_sockets, settings):

@@ -1,5 +1,6 @@
 """`manage.py up` as a service manager runs it: started in a fresh data folder, stopped by a signal, leaving
-no process behind (its web server, its two workers, their children, and the embedded servers it started)."""
+no process behind (its web server, its two workers, their children, and the embedded servers it started);
+what it starts: the web server's processes, each child's database role, the light worker's CPU priority."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import psutil
 
 from tests.conftest import wait_for
 from tests.webapp.conftest import REPO, free_port, manage
+from webapp.management.commands.up import child_env, product_commands, worker_commands
 
 
 def _get(opener, url: str) -> tuple[int, str]:
@@ -91,6 +93,7 @@ def test_sigterm_stops_the_web_server_both_workers_and_the_services_it_started(f
         names = " ".join(" ".join(p.cmdline()) for p in processes)
         assert "uvicorn" in names and "redis-server" in names and "postgres" in names
         assert "-Q training --hostname training@%h" in names and "-Q default --hostname default@%h" in names
+        _check_web_processes_roles_and_priorities(psutil.Process(up.pid))
     except BaseException:
         up.kill()
         raise
@@ -112,3 +115,49 @@ def test_a_hang_up_while_starting_stops_the_services_it_had_started(fresh_var):
         raise
     output = _stopped_by(up, signal.SIGHUP, processes, log)
     assert "stopped: postgres, redis" in output
+
+
+def _check_web_processes_roles_and_priorities(up: psutil.Process) -> None:
+    """Two web-server processes (``STUDIO_WEB_PROCESSES``) under uvicorn's supervisor, with the web role and
+    their metrics folder in their environment; the light worker below the web server's CPU priority."""
+    children = {" ".join(child.cmdline()): child for child in up.children()}
+    web = next(child for line, child in children.items() if "uvicorn" in line)
+    servers = [p for p in web.children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(servers) == 2, [p.cmdline() for p in web.children()]
+    light = next(child for line, child in children.items() if "-Q default" in line)
+    training = next(child for line, child in children.items() if "-Q training" in line)
+    environ = servers[0].environ()  # (Celery's processes rewrite theirs with their titles: child_env's test)
+    assert environ["STUDIO_DB_ROLE"] == "web" and Path(environ["PROMETHEUS_MULTIPROC_DIR"]).is_dir()
+    assert light.nice() == web.nice() + 5 and training.nice() == web.nice()
+
+
+def test_the_web_server_is_as_many_processes_as_configured_on_one_port(settings):
+    settings.STUDIO_WEB_PROCESSES = 3
+    web = product_commands("127.0.0.1", 8123)["web"]
+    assert web[web.index("--workers") + 1] == "3" and web[web.index("--port") + 1] == "8123"
+    assert list(product_commands("127.0.0.1", 8123, workers=False)) == ["web"]
+
+
+def test_each_child_says_its_database_role_and_the_web_server_where_its_metrics_add_up(tmp_path):
+    assert child_env("web", tmp_path) == {
+        "STUDIO_DB_ROLE": "web", "STUDIO_DB_POOL_SIZE": "10", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+    }  # fmt: skip
+    for worker in ("worker-training", "worker-default"):
+        assert child_env(worker, tmp_path) == {"STUDIO_DB_ROLE": "worker", "STUDIO_DB_POOL_SIZE": "4"}
+
+
+def test_the_light_worker_runs_below_the_web_servers_cpu_priority(settings):
+    """Its command, started with a program that prints its niceness in place of Celery."""
+    import os
+
+    settings.STUDIO_LIGHT_WORK_NICE = 6
+    for name, command in worker_commands().items():
+        python = command.index(sys.executable)
+        printed = subprocess.run(
+            [*command[:python], sys.executable, "-c", "import os; print(os.nice(0))"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        expected = min(os.nice(0) + 6, 19) if name == "worker-default" else os.nice(0)
+        assert int(printed.stdout) == expected, name
+    settings.STUDIO_LIGHT_WORK_NICE = 0
+    assert worker_commands()["worker-default"][0] == sys.executable

@@ -5,13 +5,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from webapp import embedded, webserver
+from webapp import dbpool, embedded, metrics, webserver
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Ctrl-C, a service manager or `docker stop`, a closed terminal: each stops all this command started."""
@@ -28,8 +29,8 @@ class StopRequested(KeyboardInterrupt):
 class Command(BaseCommand):
     help = (
         "Start the whole product: embedded services, migrations, the admin account, two Celery workers "
-        "(training runs; light work) and the ASGI server (uvicorn). Ctrl-C, SIGTERM or SIGHUP stops "
-        "everything this command started; a second one kills what is still stopping."
+        "(training runs; light work) and the ASGI server (uvicorn, STUDIO_WEB_PROCESSES processes). Ctrl-C, "
+        "SIGTERM or SIGHUP stops everything this command started; a second one kills what is still stopping."
     )
 
     def add_arguments(self, parser) -> None:
@@ -98,14 +99,14 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"Complementary RL Studio: {url}  (Ctrl-C stops)"))
 
     def _start_children(self, host: str, port: int, no_worker: bool) -> None:
-        commands = {"web": webserver.command(host, port, python=sys.executable)}
-        if not no_worker:
-            commands |= worker_commands()
+        commands = product_commands(host, port, workers=not no_worker)
+        metrics_dir = metrics.fresh_multiprocess_dir(Path(settings.VAR_DIR) / "prometheus-web")
         # Own sessions: a terminal's Ctrl-C or hang-up reaches us once, and we stop the children in order.
         # A stop signal waits until each child is recorded, so none can be started and forgotten.
         self.starting_children = True
         for name, cmd in commands.items():
-            self.children[name] = subprocess.Popen(cmd, start_new_session=True)
+            env = os.environ | child_env(name, metrics_dir)
+            self.children[name] = subprocess.Popen(cmd, env=env, start_new_session=True)
         self.starting_children = False
         if self.deferred is not None:
             self._on_signal(self.deferred, None)
@@ -145,14 +146,34 @@ def _check_worker_devices(given: str | None) -> None:
         raise CommandError(str(err)) from None
 
 
+def product_commands(host: str, port: int, *, workers: bool = True) -> dict[str, list[str]]:
+    """The processes ``up`` starts, by name: the web server (``STUDIO_WEB_PROCESSES`` processes) and, unless
+    ``workers`` is false, a Celery worker per queue."""
+    web = webserver.command(host, port, processes=settings.STUDIO_WEB_PROCESSES, python=sys.executable)
+    return {"web": web} | (worker_commands() if workers else {})
+
+
+def child_env(name: str, metrics_dir: Path) -> dict[str, str]:
+    """What the child ``name`` of ``up`` adds to its environment: its database role, so that its pool has its
+    role's bound (``webapp.dbpool``), and for the web server the folder where its processes add up their
+    Prometheus counters (``webapp.metrics``; empty at start)."""
+    if name != "web":
+        return dbpool.role_env("worker")  # its training children say their own role (``webapp.supervisor``)
+    return dbpool.role_env("web") | {metrics.MULTIPROCESS_ENV: str(metrics_dir)}
+
+
 def worker_commands(python: str = sys.executable, *, prefix: str = "") -> dict[str, list[str]]:
     """The Celery workers ``up`` starts, by name: one per queue, so that light work (bank imports, exports,
-    previews) never waits behind training runs, which can hold every training slot for hours. ``prefix``
-    gives the queues and node names one of its own (tests, beside a product running on the same Redis)."""
+    previews) never waits behind training runs, which can hold every training slot for hours. The light
+    worker runs ``STUDIO_LIGHT_WORK_NICE`` below the web server: an import's embedding takes every core it
+    finds, and pages come first. ``prefix`` gives the queues and node names one of its own (tests, beside a
+    product running on the same Redis)."""
     commands = {}
     for queue, setting in WORKER_QUEUES.items():
         slots = str(getattr(settings, setting))
-        commands[f"worker-{queue}"] = [python, "-m", "celery", "-A", "webapp", "worker", "-Q", prefix + queue,
+        nice = settings.STUDIO_LIGHT_WORK_NICE if queue == "default" else 0
+        commands[f"worker-{queue}"] = [*(["nice", "-n", str(nice)] if nice else []),
+                                       python, "-m", "celery", "-A", "webapp", "worker", "-Q", prefix + queue,
                                        "--hostname", f"{prefix}{queue}@%h", "--concurrency", slots,
                                        "--loglevel", "INFO"]  # fmt: skip
     return commands
