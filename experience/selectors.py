@@ -12,6 +12,13 @@ from experience import transfer
 from experience.embedding import Embedder, default_embedder
 from experience.models import FTS_CONFIG, Experience, ExperienceChange, ImportJob, Merge, search_document
 
+UNLISTED = (
+    "embedding", "generation_prompt", "generation_response", "generation_token_ids", "generation_logprobs",
+)  # fmt: skip
+"""Fields a list of entries never shows, left in the database: the vector, and the extractor sample behind the
+text (its prompt, response, token ids and log-probs, kilobytes per distilled entry; an entry's page reads
+them)."""
+
 
 def experience_list(
     run,
@@ -32,7 +39,7 @@ def experience_list(
         qs = qs.filter(retrieval_count__gte=min_retrievals)
     if max_retrievals is not None:
         qs = qs.filter(retrieval_count__lte=max_retrievals)
-    return qs.defer("embedding").order_by("-id")
+    return qs.defer(*UNLISTED).order_by("-id")
 
 
 def experience_scopes(run) -> list[str]:
@@ -56,7 +63,7 @@ def experience_semantic_search(
     qs = Experience.objects.in_bank(run.pk, scope).annotate(distance=CosineDistance("embedding", vector))
     if min_similarity is not None:
         qs = qs.filter(distance__lte=1 - min_similarity)
-    return qs.annotate(similarity=1 - F("distance")).defer("embedding").order_by("distance")[:limit]
+    return qs.annotate(similarity=1 - F("distance")).defer(*UNLISTED).order_by("distance")[:limit]
 
 
 def experience_text_search(
@@ -66,7 +73,7 @@ def experience_text_search(
     query = SearchQuery(text, config=FTS_CONFIG, search_type="websearch")
     qs = Experience.objects.in_bank(run.pk, scope).annotate(document=search_document())
     qs = qs.filter(document=query).annotate(rank=SearchRank(search_document(), query))
-    return qs.defer("embedding").order_by("-rank", "-id")[:limit]
+    return qs.defer(*UNLISTED).order_by("-rank", "-id")[:limit]
 
 
 @dataclass(frozen=True)
