@@ -5,8 +5,9 @@ outcomes, and the most PostgreSQL connections each kind of process held against 
     .venv/bin/python benchmarks/bench_load.py [--users 50] [--sockets-per-user 2] [--duration 120]
                                               [--import-mb 50] [--no-training]
 
-The product runs as ``manage.py up`` starts it (the uvicorn web server, a ``training`` worker and a
-``default`` worker for light work, each process with its role's connection pool, ``webapp/dbpool.py``) on a
+The product runs as ``manage.py up`` starts it (the uvicorn web server's ``STUDIO_WEB_PROCESSES`` processes, a
+``training`` worker and a ``default`` worker for light work below the web server's CPU priority, each process
+with its role's connection pool, ``webapp/dbpool.py``) on a
 database of its own (``bench_load``, dropped at the end) and a Redis database of its own. Each user has a
 session of their own and a token; every user watches the training run (shared) on ``--sockets-per-user``
 sockets and, with a think time of 0.5-1.5 s, loads a page or calls the API. Requests are bounded in count and
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_live_page import _export_file, _free_port, _post_import, _wait_http  # noqa: E402
 
-from webapp import dbpool, webserver  # noqa: E402
+from webapp import dbpool  # noqa: E402
 
 DB_NAME = "bench_load"
 REDIS_DB = 10
@@ -239,17 +240,18 @@ def _import_outcome(run_id: int) -> str:
 
 
 def _start_product(port: int, env: dict[str, str], logs: Path) -> list[subprocess.Popen]:
-    """The web server and the two workers, as ``manage.py up`` starts them, each with its role's pool."""
-    from webapp.management.commands.up import worker_commands
+    """The web server and the two workers, as ``manage.py up`` starts them: the same commands, each child with
+    its role's pool and the web server's processes with their shared metrics folder."""
+    from webapp.management.commands.up import child_env, product_commands
 
-    commands = {"web": webserver.command("127.0.0.1", port)} | worker_commands()
+    metrics_dir = logs / "prometheus-web"
+    metrics_dir.mkdir()
     procs = []
-    for name, cmd in commands.items():
+    for name, cmd in product_commands("127.0.0.1", port).items():
         cmd = [part.replace("@%h", f"-bench-load-{port}@%h") for part in cmd]
-        role = "web" if name == "web" else "worker"
-        child_env = os.environ | env | dbpool.role_env(role)
+        child = os.environ | env | child_env(name, metrics_dir)
         log = (logs / f"{name}.log").open("w")
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=child, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
@@ -272,12 +274,14 @@ def _percentiles(values: list[float]) -> str:
 
 
 def _pool_bounds(workers: int) -> dict[str, int]:
-    """Each role's bound on connections: one web process; the workers' processes (main + pool children)."""
-    training_slots = int(os.environ.get("STUDIO_WORKER_CONCURRENCY", "2"))
-    light_slots = int(os.environ.get("STUDIO_LIGHT_WORKER_CONCURRENCY", "2"))
+    """Each role's bound on connections: the web server's processes; the workers' processes (main + pool
+    children); the training processes (one per training slot)."""
+    from django.conf import settings
+
+    training_slots, light_slots = settings.STUDIO_WORKER_CONCURRENCY, settings.STUDIO_LIGHT_WORKER_CONCURRENCY
     size = {role: int(dbpool.role_env(role)["STUDIO_DB_POOL_SIZE"]) for role in dbpool.ROLE_DEFAULTS}
     return {
-        "studio-web": size["web"],
+        "studio-web": size["web"] * settings.STUDIO_WEB_PROCESSES,
         "studio-worker": size["worker"] * (workers + training_slots + light_slots),
         "studio-training": size["training"] * training_slots,
     }
@@ -297,6 +301,7 @@ def main() -> None:
 
     from webapp import embedded
 
+    load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
     embedded.start_all()
     env = _env(embedded.redis_port())
     _setup_django(env)
@@ -354,8 +359,13 @@ def main() -> None:
             _admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
             redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     server_log = (logs / "web.log").read_text()
+    from django.conf import settings
+
     print(f"{args.users} users, {args.users * args.sockets_per_user} sockets, {load_s:.0f} s of load; "
-          f"training run: {'none' if args.no_training else f'{status}, at step {step}'}")  # fmt: skip
+          f"training run: {'none' if args.no_training else f'{status}, at step {step}'}; load average "
+          f"before: {load_before}")  # fmt: skip
+    print(f"web server: {settings.STUDIO_WEB_PROCESSES} processes; light worker at nice "
+          f"+{settings.STUDIO_LIGHT_WORK_NICE}")  # fmt: skip
     upload_s = outcome.get("upload_s", float("nan"))
     print(f"import: {args.import_mb:g} MB ({lines} lines), upload {upload_s:.1f} s "
           f"{outcome.get('error', '')}; job: {imported}")  # fmt: skip

@@ -25,4 +25,5 @@ def throwaway_database(name: str) -> Iterator[None]:
     try:
         yield
     finally:
+        connection.close_pool()  # its idle connections would keep the database from being dropped
         connection.creation.destroy_test_db(old_name, verbosity=0)
