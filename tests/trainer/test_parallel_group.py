@@ -79,7 +79,23 @@ def test_a_killed_rank_restarts_the_group_which_resumes_and_records_each_row_onc
     assert run.environment["device"] == "cpu" and run.environment["device_count"] == "2"
 
 
-def test_cancelling_a_two_process_run_stops_every_rank_within_seconds(make_run, celery_worker):
+def _worker_tree_rss(queue: str) -> int:
+    """Resident bytes of the worker consuming ``queue`` and everything it started."""
+    (worker,) = [p for p in psutil.process_iter(["cmdline"]) if queue in (p.info["cmdline"] or [])]
+    return sum(p.memory_info().rss for p in [worker, *worker.children(recursive=True)])
+
+
+def test_cancelling_a_two_process_run_stops_every_rank_within_seconds_and_frees_their_memory(
+    make_run, celery_worker
+):
+    # "idle" is a worker that has supervised a group before (its imports and allocator arenas in place):
+    # a first 2-process run, cancelled as soon as its ranks exist
+    warm_up = make_run(steps=50)
+    started = train_run.apply_async(args=[warm_up.id], queue=celery_worker)
+    wait_for(lambda: _ranks(warm_up, celery_worker), 600, "the warm-up run's ranks")
+    run_cancel(Run.objects.get(pk=warm_up.pk))
+    assert started.get(timeout=120) == Run.Status.CANCELLED
+    idle = _worker_tree_rss(celery_worker)
     run = make_run(steps=50, **{"rollout.turn_limit": 200})
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
     ranks = wait_for(lambda: _ranks(run, celery_worker), 600, "both ranks")
@@ -91,6 +107,9 @@ def test_cancelling_a_two_process_run_stops_every_rank_within_seconds(make_run, 
     assert not alive
     assert took < 15, f"every rank gone after {took:.1f} s"
     assert result.get(timeout=60) == Run.Status.CANCELLED
+    after = _worker_tree_rss(celery_worker)
+    print(f"worker: {idle / 2**20:.0f} MiB idle, {after / 2**20:.0f} MiB after the cancel ({took:.1f} s)")
+    assert after <= 1.1 * idle, f"worker: {after / 2**20:.0f} MiB after the cancel, {idle / 2**20:.0f} idle"
 
 
 def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_once_and_survives_a_killed_rank(
