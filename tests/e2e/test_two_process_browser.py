@@ -85,6 +85,13 @@ def test_a_two_process_complementary_run_launched_from_the_browser(
     assert "Rank 0 plays the experience-guided episodes" in page.inner_text("#run-processes")
     page.screenshot(path=str(ARTIFACTS / "two-process-run.png"), full_page=True)
 
+    # the evaluations rank 0 recorded, both columns, in the trajectory inspector
+    page.goto(f"{server}/runs/{run.pk}/episodes/?kind=eval")
+    kinds = page.inner_text("#episode-kinds")
+    assert "Evaluations (2)" in kinds, kinds  # after steps 0 and 2
+    assert len(page.query_selector_all("section.task")) == 2  # 2 eval instances, each with both columns
+    page.screenshot(path=str(ARTIFACTS / "two-process-run-evaluations.png"), full_page=True)
+
     steps = sorted(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
     assert steps == [1, 2]  # each row once
     last = MetricRow.objects.get(run=run, kind="train", step=2).values
