@@ -359,8 +359,9 @@ def test_the_live_regions_of_the_run_page_are_served_as_partials(client, user, t
 
     run = _run(user, step=3)
     SearchAsk.objects.create(
-        run=run, scope="shared", query="how to open <door>", refined="use the key", episode_id="42", step=3
-    )
+        run=run, scope="shared", query="how to open <door>", refined="use the key", step=3,
+        episode_id="3/MiniHack-Room-5x5/7/2/123",  # step/env/seed/group/sample seed (coevolution.episode_id)
+    )  # fmt: skip
     client.force_login(user)
     url = reverse("run_detail", args=[run.id])
     header = client.get(url, headers={"HX-Request": "true", "HX-Target": "run-header"}).content.decode()
@@ -371,7 +372,8 @@ def test_the_live_regions_of_the_run_page_are_served_as_partials(client, user, t
         and "how to open &lt;door&gt;" in feed
         and "use the key" in feed
     )
-    assert f"{reverse('run_inspect', args=[run.id])}?step=3&amp;episode=42" in feed
+    link = f"{reverse('run_inspect', args=[run.id])}?step=3#task-2"  # the card of its task instance
+    assert f'href="{link}"' in feed and client.get(link.split("#")[0]).status_code == 200
 
     MetricRow.objects.create(run=run, kind="eval", step=3, wall_time=9.0, values={"eval/success": 0.25})
     latest = client.get(url, headers={"HX-Request": "true", "HX-Target": "latest-eval"}).content.decode()

@@ -138,6 +138,15 @@ def _duration(seconds: float) -> str:
 
 
 @register.filter
+def trace_episode_anchor(episode_id: str) -> str:
+    """Where the inspector shows a Search-and-Ask exchange's episode: the card of its task instance, read
+    from the run-unique id ``step/env/seed/group/sample_seed`` (``trainer.coevolution.episode_id``); the
+    step's top for an id of another form."""
+    parts = str(episode_id).split("/")
+    return f"#task-{parts[3]}" if len(parts) == 5 and parts[3].isdigit() else ""
+
+
+@register.filter
 def progress_line(progress: dict[str, Any]) -> str:
     """``phase · n of N unit · elapsed · about T left``, as ``static/js/charts.js`` writes it live."""
     if not progress or not progress.get("phase"):
