@@ -151,7 +151,7 @@ def world(user, embedder):
         experience=entries[0],
         similarity=0.81,
         refined="Go east twice: the stairs are there.",
-        episode_id=str(episode.id),
+        episode_id=f"4/{cfg.env}/3/0/777",  # step/env/seed/group/sample seed, as trainer.coevolution names it
         step=4,
         success=True,
     )
@@ -252,11 +252,12 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     page.click("#trace-feed summary")
     assert "Go east twice" in page.inner_text("#trace-feed")
     page.click("#trace-feed a:has-text('episode')")
-    page.wait_for_selector(".episode.highlight")
-    highlighted = page.locator(".episode.highlight")
-    highlighted.locator("[data-move='1']").click()
-    assert highlighted.locator(".turn-no").inner_text() == "2"
-    assert "Refined: go east" in highlighted.locator(".turn:not([hidden])").inner_text()
+    page.wait_for_selector("#task-0")  # the card of its task instance, guided and free side by side
+    assert page.url.endswith("/episodes/?step=4#task-0")
+    asked = page.locator(f"#task-0 #episode-{world['episode'].id}")
+    asked.locator("[data-move='1']").click()
+    assert asked.locator(".turn-no").inner_text() == "2"
+    assert "Refined: go east" in asked.locator(".turn:not([hidden])").inner_text()
     _shot(page, "05-trajectories")
 
     # the experience bank: edit and pin an entry
