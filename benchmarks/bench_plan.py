@@ -2,8 +2,9 @@
 
     python benchmarks/bench_plan.py [--steps 2] [--only grpo,complementary,lora,fsdp2] [--set key=value ...]
 
-Each config runs with ``--steps`` as ``python -m trainer.train`` (grpo) or ``manage.py train --no-record``
-(the experience methods need the bank's database: run ``manage.py migrate`` once, as ``make run`` does),
+Each config runs with ``--steps`` as ``python -m trainer.train`` (grpo) or ``manage.py train`` (the experience
+methods need the bank's database: recorded as a run named bench_plan of the admin account, which ``make run``
+creates with the database),
 evaluating only at the end; a sampler reads the resident memory of the whole process tree (every torchrun
 rank, every engine) every 0.2 s and keeps the peak. Printed per config: the plan's peak (one device; for
 ``fsdp2`` the sum over its ranks, as they share this machine) against the measured peak RSS, and the plan's
@@ -60,7 +61,8 @@ def run_measured(argv: list[str], out: Path) -> tuple[int, int]:
     """Run ``manage.py train ARGV --out OUT``; returns (exit code, peak RSS of its process tree)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     grpo = "grpo" in argv
-    entry = ["-m", "trainer.train"] if grpo else [str(ROOT / "manage.py"), "train", "--no-record"]
+    # the experience methods need their bank, so manage.py records them (as a run of the admin account)
+    entry = ["-m", "trainer.train"] if grpo else [str(ROOT / "manage.py"), "train", "--name", "bench_plan"]
     cmd = [sys.executable, *entry, *argv, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = [0]
