@@ -31,33 +31,23 @@ os.environ.setdefault("STUDIO_WARM_START", "false")
 os.environ.setdefault("STUDIO_API_RATE", "100000/min")
 
 from bench_dashboard import KEYS  # noqa: E402
-from bench_load import API, PAGES  # noqa: E402
+from bench_load import API, PAGES, _users  # noqa: E402
 from throwaway_db import throwaway_database  # noqa: E402
 
 
 def _fill(users: int, steps: int, bank: int) -> tuple[int, list[dict]]:
     """The load bench's database, as it is a minute into the load: returns the run's id and the users."""
     import numpy as np
-    from django.contrib.auth.models import Permission, User
-    from django.test import Client
+    from django.contrib.auth.models import User
 
-    from api.tokens import token_create
     from experience.models import Experience, SearchAsk
     from trainer.config import get_preset
     from webapp.models import EpisodeRecord, MetricRow, Run
 
-    launch = Permission.objects.get(codename="launch_run", content_type__app_label="webapp")
-    edit_bank = Permission.objects.get(codename="edit_bank", content_type__app_label="experience")
-    people = []
-    for i in range(users):
-        user = User.objects.create_user(f"load{i}", password="a long bench password")
-        user.user_permissions.add(launch, edit_bank)
-        client = Client()
-        client.force_login(user)
-        _, secret = token_create(user, name="bench", scope="read-write")
-        people.append({"user": user, "cookie": client.cookies["sessionid"].value, "token": secret})
+    people = _users(users)
     run = Run.objects.create(
-        name="load bench run", owner=people[0]["user"], shared=True, status=Run.Status.RUNNING,
+        name="load bench run", owner=User.objects.get(username=people[0]["name"]), shared=True,
+        status=Run.Status.RUNNING,
         config=get_preset("cpu").to_dict(), step=steps, worker=f"training@host:{os.getpid()}",
     )  # fmt: skip
     rng = random.Random(0)

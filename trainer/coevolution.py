@@ -37,7 +37,6 @@ from trainer import parallel
 from trainer.checkpoint import SHARDED_DIR, save_sharded
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
-from trainer.evaluate import evaluate
 from trainer.experiments.files import last_attempt, read_lines
 from trainer.extractor.credit import CreditBuffer
 from trainer.extractor.model import DistilRequest, Extractor
@@ -266,7 +265,7 @@ class CoevolutionLoop(TrainingLoop):
         note = TOOL_NOTE.format(limit=limit) if limit else ""
         self.retriever = BankRetriever(self.store, cfg, tool_note=note)
         self.retrieve = self.retriever
-        self.eval_retriever = BankRetriever(self.store, cfg, count=False)
+        self.eval_retrieve = BankRetriever(self.store, cfg, count=False)
         self.runner = _Runner(self.runner, self.tool, self._submit)
         buffer = CreditBuffer(
             cfg.extractor.buffer_size,
@@ -358,19 +357,6 @@ class CoevolutionLoop(TrainingLoop):
             metrics["experience/search_and_ask_s"] = self.tool.seconds
         return metrics
 
-    def evaluate(self, step: int) -> Metrics:
-        self.progress.start(step, "evaluation", "episodes")
-        metrics = evaluate(
-            self.eval_runner,
-            self.cfg.env,
-            self.cfg.eval_episodes,
-            retrieve=self.eval_retriever,
-            progress=self.progress.advance,
-            on_episodes=lambda episodes: report_eval_episodes(self.reporter, step, episodes),
-        )
-        self.reporter.on_eval(step, metrics)
-        return metrics
-
     def save_shards(self, folder: Path) -> None:
         save_extractor_shards(self.extractor_update, folder)
 
@@ -414,7 +400,7 @@ class HelperRankLoop(TrainingLoop):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.retrieve = RankZeroBank()
+        self.retrieve = self.eval_retrieve = RankZeroBank()
 
     def run(self) -> Metrics:
         last = super().run()
@@ -426,10 +412,6 @@ class HelperRankLoop(TrainingLoop):
         metrics = super().train_step(step)
         extractor_rounds(self.extractor_update, self.extractor, None, final=False)
         return metrics
-
-    def evaluate(self, step: int) -> Metrics:
-        self.progress.start(step, "evaluation", "episodes")
-        return evaluate(self.eval_runner, self.cfg.env, self.cfg.eval_episodes, retrieve=self.retrieve)
 
     def save_shards(self, folder: Path) -> None:
         save_extractor_shards(self.extractor_update, folder)

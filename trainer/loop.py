@@ -111,6 +111,8 @@ class TrainingLoop:
     cancel: CancelToken = field(default_factory=CancelToken)
     clock: RunClock = field(default_factory=RunClock)
     """Seconds the run has trained, saved in each checkpoint; a resumed run's goes on from its checkpoint."""
+    eval_retrieve: Retriever | None = field(default=None, init=False)
+    """The retriever of the evaluation's column with experience (none: only the column without)."""
 
     def __post_init__(self) -> None:
         r = self.cfg.rollout
@@ -200,6 +202,7 @@ class TrainingLoop:
             self.eval_runner,
             self.cfg.env,
             self.cfg.eval_episodes,
+            retrieve=self.eval_retrieve,
             progress=self.progress.advance,
             on_episodes=lambda episodes: report_eval_episodes(self.reporter, step, episodes),
         )

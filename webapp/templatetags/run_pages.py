@@ -92,37 +92,39 @@ def has_episodes(run: Run, kind: str, step: int | None) -> bool:
 
 
 _ENDED = {"cancelled": "was cancelled", "failed": "failed", "succeeded": "ended"}
+_NOT_YET = {
+    (EpisodeRecord.Kind.TRAIN, Run.Status.QUEUED): (
+        "This run is queued: its episodes appear here once a worker has trained its first step."
+    ),
+    (EpisodeRecord.Kind.TRAIN, Run.Status.RUNNING): (
+        "No step has finished yet: a step's episodes appear here when its rollouts are scored (the "
+        "evaluation of the untrained model comes first, under Evaluations; it can take minutes)."
+    ),
+    (EpisodeRecord.Kind.EVAL, Run.Status.QUEUED): (
+        "This run is queued: its evaluations' episodes appear here, the first (of the untrained "
+        "model) once a worker has run it."
+    ),
+    (EpisodeRecord.Kind.EVAL, Run.Status.RUNNING): (
+        "No evaluation has finished yet: an evaluation's episodes appear here once both its columns "
+        "are played (the first evaluates the untrained model before step 1; it can take minutes)."
+    ),
+}
 
 
 @register.simple_tag
 def no_episodes_reason(run: Run, kind: str = EpisodeRecord.Kind.TRAIN) -> str:
     """Why the inspector has no ``kind`` episode (training or evaluation) of this run, by the run's state."""
-    if kind == EpisodeRecord.Kind.EVAL:
-        if MetricRow.objects.filter(run=run, kind=MetricRow.Kind.EVAL).exists():
-            return (
-                "This run's evaluations were not recorded episode by episode (it evaluated before the "
-                "studio recorded evaluation episodes); the run page shows their figures."
-            )
-        if run.status == Run.Status.QUEUED:
-            return (
-                "This run is queued: its evaluations' episodes appear here, the first (of the untrained "
-                "model) once a worker has run it."
-            )
-        if run.status == Run.Status.RUNNING:
-            return (
-                "No evaluation has finished yet: an evaluation's episodes appear here once both its columns "
-                "are played (the first evaluates the untrained model before step 1; it can take minutes)."
-            )
-        ended = _ENDED.get(run.status, "ended")
-        return f"This run {ended} before any evaluation finished, so no evaluation episode was recorded."
-    if run.status == Run.Status.QUEUED:
-        return "This run is queued: its episodes appear here once a worker has trained its first step."
-    if run.status == Run.Status.RUNNING:
+    evaluation = kind == EpisodeRecord.Kind.EVAL
+    if evaluation and MetricRow.objects.filter(run=run, kind=MetricRow.Kind.EVAL).exists():
         return (
-            "No step has finished yet: a step's episodes appear here when its rollouts are scored (the "
-            "evaluation of the untrained model comes first, under Evaluations; it can take minutes)."
+            "This run's evaluations were not recorded episode by episode (it evaluated before the "
+            "studio recorded evaluation episodes); the run page shows their figures."
         )
+    if (why := _NOT_YET.get((kind, run.status))) is not None:
+        return why
     ended = _ENDED.get(run.status, "ended")
+    if evaluation:
+        return f"This run {ended} before any evaluation finished, so no evaluation episode was recorded."
     return f"This run {ended} before any training step finished, so no training episode was recorded."
 
 
