@@ -1,6 +1,6 @@
 """The overhead of distribution, and how close the actor update comes to the machine's matmul peak (issue 36).
 
-    python benchmarks/bench_distributed.py [--layers 4] [--hidden 256] [--repeat 5]
+    python benchmarks/bench_distributed.py [--layers 4] [--hidden 256] [--repeat 5] [--rounds 3]
 
 Times ``ActorUpdate.step`` (split GRPO, PPO-clip, AdamW, float32) on one synthetic batch of 16 episodes
 (prompt and turns of random ids, engine log-probs = the model's own) for a random-initialised Llama built
@@ -9,7 +9,9 @@ from a config (no download): once as 1 process with 2 threads, once as 2 process
 warm-up step, then ``--repeat`` timed steps; the median is printed. The update's FLOPs are counted as
 6 · parameters · trained-forward tokens (forward and backward of every row), and set against a float32
 matmul peak (the median of timed n×n matrix products) measured in the same process with the same threads:
-the fraction says how close the update is to what this CPU can do.
+the fraction says how close the update is to what this CPU can do. The two settings alternate for
+``--rounds`` rounds, so a burst of other work on the machine falls on both; the overhead printed is the median
+of the rounds' ratios, with every round's ratio and the load average beside it.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def worker(args) -> None:
         result = {"step_s": step_s, "flops": 6 * n_params * tokens / step_s, "peak": peaks,
                   "params": n_params, "tokens": tokens, "world": placement.world_size}  # fmt: skip
         Path(args.result).write_text(json.dumps(result))
+    parallel.barrier()
     parallel.destroy()
 
 
@@ -125,6 +128,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two settings")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -132,15 +136,22 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    one = run_setting(args, nproc=1, threads=2)
-    two = run_setting(args, nproc=2, threads=1)
+    rounds = [(run_setting(args, nproc=1, threads=2), run_setting(args, nproc=2, threads=1))
+              for _ in range(args.rounds)]  # fmt: skip
+    ratios = [two["step_s"] / one["step_s"] for one, two in rounds]
+    one, two = rounds[ratios.index(statistics.median_low(ratios))]
     size = f"{args.layers} layers x {args.hidden} ({one['params'] / 1e6:.1f}M params)"
-    print(f"actor update, random Llama {size}, {one['tokens']} ids a batch, median of {args.repeat}")
-    print(f"{'setting':<26}{'step s':>9}{'GFLOP/s':>10}{'matmul peak':>13}{'of peak':>9}")
+    print(f"actor update, random Llama {size}, {one['tokens']} ids a batch, median of {args.repeat} steps")
+    print(f"{'setting (median round)':<26}{'step s':>9}{'GFLOP/s':>10}{'matmul peak':>13}{'of peak':>9}")
     for name, r in (("1 process x 2 threads", one), ("2 processes x 1 thread", two)):
         line = f"{name:<26}{r['step_s']:>9.3f}{r['flops'] / 1e9:>10.2f}{r['peak'] / 1e9:>13.2f}"
         print(line + f"{r['flops'] / r['peak']:>9.1%}")
-    print(f"distribution overhead (2 x 1 / 1 x 2 step time): {two['step_s'] / one['step_s']:.2f}x")
+    each = ", ".join(f"{r:.2f}x" for r in ratios)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"distribution overhead (2 x 1 / 1 x 2 step time): {statistics.median(ratios):.2f}x median of "
+        f"{args.rounds} rounds ({each}); load average {load}"
+    )
 
 
 if __name__ == "__main__":

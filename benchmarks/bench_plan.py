@@ -10,9 +10,11 @@ rank, every engine) every 0.2 s and keeps the peak. Printed per config: the plan
 ``fsdp2`` the sum over its ranks, as they share this machine) against the measured peak RSS, and the plan's
 step time against the median ``time/step_s`` of the run's steps, and how many steps ran a backward pass
 (``actor/sequences`` above 0: a step whose groups all have zero advantage trains nothing, so its peak is not
-the plan's). ``--set`` changes every config alike, e.g. an env where SmolLM2 earns rewards:
-``--set env=MiniHack-Room-Random-5x5 --set rollout.max_new_tokens=8 --set rollout.temperature=0.7``. The
-acceptance bound of issue 37: peak within ±25%, step time within ±50%.
+the plan's), and for the methods that train πϕ the most generations one of its CISPO updates trained on
+(``extractor/trained_samples``; 0: πϕ's backward never ran, so its part of the plan was not exercised).
+``--set`` changes every config alike, e.g. an env where SmolLM2 earns rewards: ``--set
+env=MiniHack-Room-Random-5x5 --set rollout.max_new_tokens=8 --set rollout.temperature=0.7``. The acceptance
+bound of issue 37: peak within ±25%, step time within ±50%.
 
 Run it on a quiet machine: one config at a time, nothing else heavy beside it (a complementary cpu step
 holds ~20 GB here). Timings under other load are not the plan's to match.
@@ -96,9 +98,18 @@ def planned(argv: list[str], steps: int):
     return plan, cfg.nproc
 
 
-def step_rows(out: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+def metric_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") == "step" and "time/step_s" in r]
+
+
+def extractor_trained(rows: list[dict]) -> str:
+    """The most generations one πϕ update trained on ('-' for a run that has no πϕ update)."""
+    seen = [r["extractor/trained_samples"] for r in rows if "extractor/trained_samples" in r]
+    return f"{max(seen):.0f}" if seen else "-"
 
 
 def main() -> None:
@@ -110,7 +121,7 @@ def main() -> None:
     more = [arg for setting in args.set for arg in ("--set", setting)]
     print(
         f"{'config':<14} {'plan GB':>8} {'peak GB':>8} {'ratio':>6} {'plan s':>7} {'step s':>7} {'ratio':>6}"
-        f" {'backward':>9}"
+        f" {'backward':>9} {'πϕ trained':>10}"
     )
     for name in args.only.split(","):
         config = [*CONFIGS[name], *more]
@@ -121,13 +132,15 @@ def main() -> None:
             if code:
                 print(f"{name:<14} failed (exit {code})")
                 continue
-            rows = step_rows(Path(tmp))
+            every = metric_rows(Path(tmp))
+        rows = step_rows(every)
         step = statistics.median(r["time/step_s"] for r in rows)
         trained = sum(r.get("actor/sequences", 0) > 0 for r in rows)
         want = plan.device_bytes() * nproc
         print(
             f"{name:<14} {want / 1e9:>8.1f} {peak / 1e9:>8.1f} {want / peak:>6.2f} "
             f"{plan.step_s:>7.0f} {step:>7.0f} {plan.step_s / step:>6.2f} {trained:>4} of {len(rows)}"
+            f" {extractor_trained(every):>10}"
         )
 
 

@@ -100,6 +100,7 @@ def run_from_args(args: argparse.Namespace, stdout: IO[str] | None = None) -> Me
     reporter = file_reporters(out, ConsoleReporter(stdout)) if is_rank_zero() else None
     try:
         metrics, loop = train(cfg, out_dir=out, resume=args.resume, reporter=reporter)
+        parallel.barrier()
     finally:
         parallel.destroy()
     if is_rank_zero():
