@@ -209,12 +209,13 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded weights for an engine sync or a Hugging Face save (a collective when sharded)."""
+    """Unsharded weights for an engine sync or a Hugging Face save (a collective when sharded: every rank
+    gets every tensor). Gathered one tensor at a time into host memory, so that a device never holds a
+    whole model beside its shards (a 7B actor's float32 master weights are 30 GB: gathered on the GPU they
+    would not fit beside the paper preset's 76 GB); on CPU that is the same memory."""
     if not is_sharded(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {name: full_tensor(t).cpu() for name, t in model.state_dict().items()}
 
 
 def named_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
