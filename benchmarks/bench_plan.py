@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,12 +36,24 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from trainer.plan import Devices  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
+GRPO = ["--config", "cpu", "--method", "grpo"]
+COMPLEMENTARY = ["--config", "cpu", "--method", "complementary"]
+NO_WARMUP = ["--set", "experience.warmup_steps=0"]
+MEASURED = "grpo,complementary,lora,fsdp2"
 CONFIGS = {
-    "grpo": ["--config", "cpu", "--method", "grpo"],
-    "complementary": ["--config", "cpu", "--method", "complementary"],
-    "lora": ["--config", "cpu", "--method", "grpo", "--set", "actor.lora.rank=16"],
-    "fsdp2": ["--config", "cpu", "--method", "grpo", "--nproc", "2"],
+    "grpo": GRPO,
+    "complementary": COMPLEMENTARY,
+    "lora": [*GRPO, "--set", "actor.lora.rank=16"],
+    "fsdp2": [*GRPO, "--nproc", "2"],
+    # accepted launches close to this machine's memory by the plan (issue 37: none may die of memory)
+    # (with the --set of docs/launches.md: 98%, 86% and 94% of this 25 GB box)
+    "near-grpo": [*GRPO, "--set", "actor.micro_batch_size=6"],
+    "near-fsdp2": [*GRPO, "--nproc", "2", "--set", "actor.micro_batch_size=2"],
+    "near-complementary": [*COMPLEMENTARY, *NO_WARMUP, "--set", "actor.micro_batch_size=4"],
 }
 
 
@@ -86,15 +99,14 @@ def run_measured(argv: list[str], out: Path) -> tuple[int, int]:
 
 
 def planned(argv: list[str], steps: int):
-    from trainer.plan import Devices, plan_run
+    from trainer.plan import plan_run
     from trainer.train import add_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([*argv, "--steps", str(steps), "--set", "eval_every=0"])
     cfg = config_from_args(args)
-    devices = Devices.this_machine()
-    plan = plan_run(cfg, Devices("cpu", devices.memory // cfg.nproc, cfg.nproc))
+    plan = plan_run(cfg, Devices.this_machine().shared_by(cfg.nproc))
     return plan, cfg.nproc
 
 
@@ -106,6 +118,14 @@ def step_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") == "step" and "time/step_s" in r]
 
 
+def phases(rows: list[dict]) -> str:
+    """The median of each phase's time and of the actor's trained tokens over the steps."""
+    keys = {"rollout": "time/rollout_s", "backward": "time/backward_s", "sync": "time/sync_s"}
+    out = [f"{name} {statistics.median(r.get(key, 0) for r in rows):.0f} s" for name, key in keys.items()]
+    tokens = statistics.median(r.get("actor/tokens", 0) for r in rows)
+    return ", ".join(out) + f", actor tokens trained {tokens:,.0f}"
+
+
 def extractor_trained(rows: list[dict]) -> str:
     """The most generations one πϕ update trained on ('-' for a run that has no πϕ update)."""
     seen = [r["extractor/trained_samples"] for r in rows if "extractor/trained_samples" in r]
@@ -115,33 +135,42 @@ def extractor_trained(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--only", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    parser.add_argument(
+        "--only", default="grpo,complementary,lora,fsdp2", help="comma-separated: " + ", ".join(CONFIGS)
+    )
     parser.add_argument("--set", action="append", default=[], help="key=value for every config (repeatable)")
+    parser.add_argument("--keep", type=Path, help="copy each run's metrics.jsonl here as NAME.jsonl")
     args = parser.parse_args()
     more = [arg for setting in args.set for arg in ("--set", setting)]
     print(
         f"{'config':<14} {'plan GB':>8} {'peak GB':>8} {'ratio':>6} {'plan s':>7} {'step s':>7} {'ratio':>6}"
-        f" {'backward':>9} {'πϕ trained':>10}"
+        f" {'backward':>9} {'πϕ trained':>10} {'plan/RAM':>9}"
     )
+    ram = Devices.this_machine().memory
     for name in args.only.split(","):
         config = [*CONFIGS[name], *more]
         plan, nproc = planned(config, args.steps)
+        want = plan.device_bytes() * nproc
         argv = [*config, "--steps", str(args.steps), "--set", "eval_every=0"]
         with tempfile.TemporaryDirectory(prefix=f"bench-plan-{name}-") as tmp:
             code, peak = run_measured(argv, Path(tmp))
             if code:
-                print(f"{name:<14} failed (exit {code})")
+                died = " (SIGKILL: out of memory?)" if code == -9 else ""
+                print(f"{name:<14} {want / 1e9:>8.1f} failed (exit {code}{died}); peak {peak / 1e9:.1f} GB")
                 continue
             every = metric_rows(Path(tmp))
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(Path(tmp) / "metrics.jsonl", args.keep / f"{name}.jsonl")
         rows = step_rows(every)
         step = statistics.median(r["time/step_s"] for r in rows)
         trained = sum(r.get("actor/sequences", 0) > 0 for r in rows)
-        want = plan.device_bytes() * nproc
         print(
             f"{name:<14} {want / 1e9:>8.1f} {peak / 1e9:>8.1f} {want / peak:>6.2f} "
             f"{plan.step_s:>7.0f} {step:>7.0f} {plan.step_s / step:>6.2f} {trained:>4} of {len(rows)}"
-            f" {extractor_trained(every):>10}"
+            f" {extractor_trained(every):>10} {want / ram:>9.0%}"
         )
+        print("  medians: " + phases(rows))
 
 
 if __name__ == "__main__":

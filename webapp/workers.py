@@ -234,7 +234,7 @@ def run_devices(cfg: RunConfig, worker: Worker) -> tuple[Devices, str | None]:
             cores = worker.cores
             why = f"it asks for {nproc} processes; the worker has {cores} CPU cores; set nproc ≤ {cores}"
             return devices, why
-        devices = Devices("cpu", devices.memory // nproc, nproc)
+        devices = devices.shared_by(nproc)
     return devices, None
 
 

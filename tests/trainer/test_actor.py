@@ -185,3 +185,21 @@ def test_an_engine_serving_other_weights_fails_loudly(base_model, batch):
             s.engine_logprobs = [-8.0 if m else 0.0 for m in s.mask]
     with pytest.raises(StaleWeightsError, match="not serving the actor's weights"):
         _update(copy.deepcopy(base_model), stale)
+
+
+def test_an_update_waits_while_another_trainer_holds_its_pass(base_model, batch):
+    """The actor's forward and backward take turns with πϕ's (trainer.memory.ONE_PASS): never both sets of
+    activations in memory at once."""
+    import threading
+
+    from trainer import memory
+
+    model = copy.deepcopy(base_model)
+    done = threading.Event()
+    with memory.ONE_PASS:  # πϕ's pass, as on the extractor track's thread
+        worker = threading.Thread(target=lambda: (_update(model, batch), done.set()))
+        worker.start()
+        done.wait(3.0)  # unblocked, a backward of this batch takes ~1 s here
+        assert not done.is_set() and all(p.grad is None for p in model.parameters())  # none ran
+    worker.join(120)
+    assert done.is_set()

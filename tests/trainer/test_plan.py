@@ -194,3 +194,44 @@ def test_the_command_line_prints_the_plan_and_refuses(capsys) -> None:
         planmod.main(["--preset", "cpu", "--devices", "cpu:24GB", "--set", "rollout.kv_cache_gib=4096"]) == 1
     )
     assert "refused: it needs" in capsys.readouterr().err
+
+
+def test_processes_on_a_cpu_share_its_memory() -> None:
+    assert BOX.shared_by(2) == Devices("cpu", 12 * GB, 2)
+    assert Devices.parse("8x80GB").shared_by(8) == Devices.parse("8x80GB")  # a GPU a process already
+
+
+def test_the_command_line_plans_several_processes_on_one_cpu_machine(capsys) -> None:
+    assert planmod.main(["--preset", "cpu", "--method", "grpo", "--devices", "cpu:24GB", "--nproc", "2"]) == 0
+    assert "2 × 12 GB RAM" in capsys.readouterr().out
+    cfg = get_preset("cpu").with_overrides(method="grpo", **{"actor.micro_batch_size": 3})
+    assert refusal(cfg, BOX) is None  # one process fits, two of them each with half the memory do not
+    assert planmod.main(["--preset", "cpu", "--method", "grpo", "--devices", "cpu:24GB", "--nproc", "2",
+                         "--set", "actor.micro_batch_size=3"]) == 1  # fmt: skip
+
+
+def test_vllm_engines_on_cpu_count_their_measured_runtime_and_each_sync() -> None:
+    cfg = get_preset("cpu")  # complementary: two engines, two trained models
+    names = [p.name for p in plan_run(cfg, BOX).parts]
+    assert names.count("actor engine: runtime (measured)") == 1
+    assert names.count("extractor engine: runtime (measured)") == 1
+    for role in ("actor", "extractor"):
+        assert f"{role}: weights handed to an engine sync" in names
+    one_gpu = {p.name for p in plan_run(cfg.with_overrides(device="cuda"), Devices.parse("1x141GB")).parts}
+    assert not any("runtime" in n or "engine sync" in n for n in one_gpu)  # unsharded on a GPU: no copy
+
+
+def test_the_extractor_trains_on_its_longest_chat_distil_or_merge() -> None:
+    x = get_preset("cpu").with_overrides(**{"experience.merge_chunk": 2})
+    distil = planmod.DISTIL_PROMPT_TOKENS + x.extractor.trajectory_chars // planmod.CHARS_PER_TOKEN
+    assert planmod._extractor_seq(x) == distil + x.extractor.max_new_tokens
+    y = x.with_overrides(**{"experience.merge_chunk": 10})
+    merge = planmod.MERGE_PROMPT_TOKENS + 10 * planmod.MERGE_TOKENS_PER_ENTRY
+    assert merge > distil and planmod._extractor_seq(y) == merge + x.extractor.max_new_tokens
+
+
+def test_processes_sharing_one_cpu_are_not_planned_faster_but_gpus_are() -> None:
+    grpo = get_preset("cpu").with_overrides(method="grpo")
+    assert plan_run(grpo, BOX.shared_by(2), nproc=2).step_s == pytest.approx(plan_run(grpo, BOX).step_s)
+    gpu, node = grpo.with_overrides(device="cuda"), Devices.parse("8x80GB")
+    assert plan_run(gpu, node, nproc=8).step_s < plan_run(gpu, node, nproc=1).step_s / 4

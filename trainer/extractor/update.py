@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer import losses, parallel
+from trainer import losses, memory, parallel
 from trainer.cancel import CancelToken
 from trainer.config import ExtractorConfig
 from trainer.extractor.credit import Batch, Record
@@ -79,27 +79,28 @@ class ExtractorUpdate:
         sums = {"clip_frac": 0.0, "approx_kl": 0.0}
         for mb, filler in zip(mbs, fillers, strict=True):
             self.cancel.check()
-            responses = [list(records[i].generation.token_ids) for i in mb]
-            with parallel.autocast(self.model):
-                logp_rows = sequence_logprobs(
-                    self.model, [prompts[i] for i in mb], responses, batch_size=len(mb)
+            with memory.ONE_PASS:  # never beside the actor's activations (trainer.memory)
+                responses = [list(records[i].generation.token_ids) for i in mb]
+                with parallel.autocast(self.model):
+                    logp_rows = sequence_logprobs(
+                        self.model, [prompts[i] for i in mb], responses, batch_size=len(mb)
+                    )
+                logp = torch.nn.utils.rnn.pad_sequence(logp_rows, batch_first=True)  # (B, T), keeps grad
+                B, T = logp.shape
+                old_logp = _pad([records[i].generation.logprobs for i in mb], B, T, self.device)
+                mask = _pad([[1.0] * len(r) for r in responses], B, T, self.device)
+                adv = batch.advantages[mb].to(self.device) * (0.0 if filler else 1.0)
+                loss, m = self.policy_loss(
+                    logp,
+                    old_logp,
+                    adv,
+                    mask,
+                    eps_low=self.cfg.eps_low,
+                    eps_high=self.cfg.eps_high,
+                    agg="token-mean",
+                    num_tokens=n_tok,
                 )
-            logp = torch.nn.utils.rnn.pad_sequence(logp_rows, batch_first=True)  # (B, T), keeps grad
-            B, T = logp.shape
-            old_logp = _pad([records[i].generation.logprobs for i in mb], B, T, self.device)
-            mask = _pad([[1.0] * len(r) for r in responses], B, T, self.device)
-            adv = batch.advantages[mb].to(self.device) * (0.0 if filler else 1.0)
-            loss, m = self.policy_loss(
-                logp,
-                old_logp,
-                adv,
-                mask,
-                eps_low=self.cfg.eps_low,
-                eps_high=self.cfg.eps_high,
-                agg="token-mean",
-                num_tokens=n_tok,
-            )
-            loss.backward()
+                loss.backward()
             if filler:
                 continue
             total += loss.item()
