@@ -5,8 +5,11 @@ recorded once), and stops every rank within seconds of a cancel. A tiny random L
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -25,6 +28,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SMALL = {"method": "grpo", "nproc": 2, "tasks_per_step": 1, "k_rollouts": 4, "eval_every": 0,
          "eval_episodes": 2, "checkpoint_every": 1, "rollout.turn_limit": 3, "rollout.max_new_tokens": 8,
          "rollout.kv_cache_gib": 0.0625, "rollout.dtype": "float32"}  # fmt: skip
+
+COMPLEMENTARY = {"method": "complementary", "steps": 3, "extractor.max_new_tokens": 48,
+                 "extractor.buffer_size": 1, "extractor.micro_batch_size": 1, "experience.warmup_steps": 0,
+                 "experience.merge_every": 1, "eval_every": 3}  # fmt: skip
 
 
 @pytest.fixture
@@ -121,12 +128,7 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     track's state in it) and every episode is still distilled once."""
     from experience.models import Experience
 
-    run = make_run(
-        method="complementary",
-        steps=3,
-        **{"extractor.max_new_tokens": 48, "extractor.buffer_size": 1, "extractor.micro_batch_size": 1,
-           "experience.warmup_steps": 0, "experience.merge_every": 1, "eval_every": 3},
-    )  # fmt: skip
+    run = make_run(**COMPLEMENTARY)
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
     wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=2).exists(), 900, "step 2")
     ranks = wait_for(lambda: _ranks(run, celery_worker), 60, "both ranks")
@@ -150,3 +152,45 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     assert (saved / "dcp" / ".metadata").exists()
     extractor_parts = ("dcp/.metadata", "state.pt", "model.safetensors")  # πϕ's shards, track, whole model
     assert all((saved / "extractor" / part).exists() for part in extractor_parts)
+
+
+def test_a_complementary_run_spans_two_nodes_that_meet_through_torchruns_rendezvous(make_run, tmp_path):
+    """``--nnodes 2`` on localhost: each "node" starts its own torchrun of one process and the two meet
+    through the c10d rendezvous, as on two machines. The run is the one-node group's: every metric row once,
+    each rank its share of the episodes, every episode distilled once, πϕ trained in rounds of both ranks,
+    one bank without duplicates."""
+    from django.conf import settings
+    from django.db import connection
+
+    from experience.models import Experience
+    from tests.webapp.conftest import free_port
+
+    run = make_run(**COMPLEMENTARY)
+    run.claim(worker="two nodes on localhost")
+    port = free_port()
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"r{run.pk}"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    node = [*launcher, *rendezvous, str(settings.BASE_DIR / "manage.py"), "train_claimed", str(run.pk)]
+    env = os.environ | {"STUDIO_DB_NAME": connection.settings_dict["NAME"], "OMP_NUM_THREADS": "1"}
+    logs = [open(tmp_path / f"node{i}.log", "wb") for i in range(2)]  # noqa: SIM115
+    where = {"env": env, "cwd": settings.BASE_DIR, "start_new_session": True}
+    nodes = [subprocess.Popen(node, stdout=log, stderr=log, **where) for log in logs]
+    try:
+        codes = [p.wait(timeout=900) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for log in logs:
+            log.close()
+    tail = (tmp_path / "node0.log").read_text(errors="replace")[-3000:]
+    assert codes == [0, 0], tail
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, _status(run)
+    rows = {(r.kind, r.step): r.values for r in MetricRow.objects.filter(run=run)}
+    assert MetricRow.objects.filter(run=run).count() == len(rows) == 5
+    last = rows["train", 3]
+    assert last["rank/0/episodes"] == last["rank/1/episodes"] == 2
+    assert last["extractor/distilled"] == 12 and last["extractor/updates"] >= 1
+    texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
+    assert len(texts) == len(set(texts)) == last["bank/size"] > 0
