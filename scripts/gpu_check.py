@@ -316,17 +316,18 @@ def part_rollout(args: argparse.Namespace) -> dict:
     name = engine_name()
     options = {"dtype": "bfloat16"} if name == "vllm" else {"dtype": "bfloat16", "device": args.device}
     if name == "vllm":
-        options |= {"max_model_len": 1024, "kv_cache_memory_bytes": 8 * 2**30, "seed": 0}
+        options |= {"max_model_len": 1024, "kv_cache_memory_bytes": 8 * 2**30, "seed": 0, "sleep_mode": True}
     engine = make_engine(name, path, **options)
     try:
         engine.generate(requests[:8])  # warm-up (kernels, graph capture)
         t0 = time.perf_counter()
         outputs = engine.generate(requests)
         seconds = time.perf_counter() - t0
+        sleep = sleep_figures(engine, requests[:8], outputs[:8], args.device)
     finally:
         engine.close()
     tokens = sum(len(o.token_ids) for o in outputs)
-    return {
+    return sleep | {
         "engine": name,
         "prompts": n,
         "prompt_ids": prompt,
@@ -335,6 +336,22 @@ def part_rollout(args: argparse.Namespace) -> dict:
         "seconds": round(seconds, 2),
         "tokens_per_s": round(tokens / seconds),
     }
+
+
+def sleep_figures(engine, requests, before, device: str) -> dict:
+    """The GPU memory ``engine.asleep()`` gives back (vLLM's sleep mode, as the loop uses it around each actor
+    update) and whether the woken engine samples the same completions for the same seeds."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    free = lambda: torch.cuda.mem_get_info()[0] / 2**30  # noqa: E731
+    awake = free()
+    with engine.asleep():
+        asleep = free()
+    again = engine.generate(requests)
+    same = [g.token_ids for g in again] == [g.token_ids for g in before]
+    return {"sleep_freed_gib": round(asleep - awake, 2), "same_after_wake": same}
 
 
 def part_update(args: argparse.Namespace) -> dict | None:
@@ -490,6 +507,12 @@ PART_ROWS = {
         (
             f"Qwen2.5-1.5B shape: rollout tokens/s ({r['engine']})",
             f"{r['tokens_per_s']} ({r['prompts']} x {r['new_ids']} new after {r['prompt_ids']}, bf16)",
+        ),
+        (
+            "vLLM sleep mode (around each actor update)",
+            f"{r['sleep_freed_gib']} GiB freed; same completions after waking: {r['same_after_wake']}"
+            if "sleep_freed_gib" in r
+            else "not available (no vLLM on CUDA)",
         ),
     ],
     "update_fsdp": lambda r: [

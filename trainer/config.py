@@ -403,6 +403,9 @@ class RolloutConfig(_Section):
     """Most tokens the model may generate in one turn."""
     turn_limit: int | None = None
     """Most actor turns per episode; None keeps each environment's own limit."""
+    sleep: bool = True
+    """On CUDA, put the actor's vLLM engine to sleep while the actor trains (its weights to host memory, its
+    KV cache freed; vLLM's sleep mode); no effect on CPU, which has none."""
     context_tokens: int = 8192
     """Token budget of one episode's prompt + history; older turns are dropped to fit."""
     kv_cache_gib: float = 1.0

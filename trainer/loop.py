@@ -169,7 +169,8 @@ class TrainingLoop:
         metrics["time/rollout_s"] = stats.wall_s
         if self.cfg.actor_trains:
             self.progress.start(step, "actor update", "micro-batches")
-            metrics |= self.actor.step(episodes)
+            with self.engine.asleep():  # on CUDA the engine's memory is the trainer's while it steps
+                metrics |= self.actor.step(episodes)
             self.progress.start(step, "weight sync")
             metrics["time/sync_s"] = self.actor.sync(self.engine, self.engine.weight_version + 1)
         metrics["engine/weight_version"] = float(self.engine.weight_version)

@@ -16,10 +16,11 @@ conventions, so the trainer never needs to know which one produced a batch:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -152,6 +153,23 @@ class Engine(ABC):
             )
         self._load_weights(state_dict)
         self._weight_version = version
+
+    @contextlib.contextmanager
+    def asleep(self) -> Iterator[None]:
+        """Give the device memory this engine holds back while the block runs (the trainer's step): vLLM's
+        sleep mode on CUDA (``rollout.sleep``); elsewhere the engine simply stays as it is."""
+        self._check_open()
+        self._sleep()
+        try:
+            yield
+        finally:
+            self._wake_up()
+
+    def _sleep(self) -> None:  # noqa: B027 - only engines with a sleep mode override it
+        """Free the engine's device memory until ``_wake_up``."""
+
+    def _wake_up(self) -> None:  # noqa: B027
+        """Take the memory ``_sleep`` gave back, ready to generate again."""
 
     def reset_cache(self) -> None:
         """Forget cached prompt prefixes (every weight update does this; benchmarks start cold with it)."""
@@ -343,6 +361,7 @@ def engine_from_config(
             max_model_len=rollout.context_tokens,
             kv_cache_memory_bytes=int(rollout.kv_cache_gib * 2**30),
             seed=seed,
+            sleep_mode=rollout.sleep,
         )
     from trainer.parallel import resolve_device
 

