@@ -350,14 +350,18 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     kind = devices.kind
     actor = model_shape(cfg.actor.model_path)
     extractor = model_shape(cfg.extractor.model_path)
-    parts: list[Part] = []
+    trainers: list[list[Part]] = []
     if cfg.actor_trains:
-        parts += _trainer_parts("actor", actor, cfg.actor, _actor_seq(cfg), _actor_own(cfg), kind, nproc)
+        a_seq, a_own = _actor_seq(cfg), _actor_own(cfg)
+        trainers.append(_trainer_parts("actor", actor, cfg.actor, a_seq, a_own, kind, nproc))
     if cfg.extractor_trains:
         x_seq = _extractor_seq(cfg)
         x_own = cfg.extractor.max_new_tokens
-        parts += _trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc)
-    parts = _larger_activations_only(parts)
+        trainers.append(_trainer_parts("extractor", extractor, cfg.extractor, x_seq, x_own, kind, nproc))
+    # the trainers take turns, one micro-batch at a time (trainer.memory.ONE_PASS): only the larger
+    # activations (each trainer's last part) are ever held
+    larger = max((t[-1] for t in trainers), key=lambda p: p.bytes, default=None)
+    parts = [p for t in trainers for p in t if p is not t[-1] or p is larger]
     parts += _engine_parts("actor", actor, cfg, cfg.rollout.kv_cache_gib, kind, _live_per_rank(cfg, nproc))
     if cfg.uses_experience:
         x_cache = cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib
@@ -379,6 +383,7 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
 
 
 def _trainer_parts(role, shape, section, seq, own, kind, nproc) -> list[Part]:
+    """One trained model's parts; the last is its activations."""
     P = shape.params()
     lora = section.lora
     if not lora.enabled:
@@ -409,16 +414,6 @@ def _trainer_parts(role, shape, section, seq, own, kind, nproc) -> list[Part]:
     ckpt = "checkpointed" if section.gradient_checkpointing else "no checkpointing"
     parts.append(Part(f"{role}: activations ({section.micro_batch_size}×{seq} tokens, {ckpt})", act))
     return parts
-
-
-def _larger_activations_only(parts: list[Part]) -> list[Part]:
-    """The two trainers take turns, one micro-batch's forward and backward at a time (``trainer.memory.
-    ONE_PASS``): only the larger of their activations is ever held."""
-    acts = [p for p in parts if ": activations (" in p.name]
-    if len(acts) < 2:
-        return parts
-    larger = max(acts, key=lambda p: p.bytes)
-    return [p for p in parts if p not in acts or p is larger]
 
 
 def activation_bytes(
