@@ -1,6 +1,6 @@
 """What a vLLM engine holds beyond its weights and KV cache, and what a weight sync adds (trainer.plan).
 
-    .venv/bin/python benchmarks/bench_engine_memory.py [--kv-gib 1.0] [--batches 16,32] [--prompt 1200]
+    .venv/bin/python benchmarks/bench_engine_costs.py [--kv-gib 1.0] [--batches 16,32] [--prompt 1200]
 
 One process, the prepared SmolLM2: resident memory (RSS) after importing torch, transformers and vLLM; after
 starting the cpu preset's engine with a ``--kv-gib`` cache; after generating each batch of ``--prompt``
@@ -61,7 +61,7 @@ def main() -> None:
     rows = [("imports (torch, transformers, vllm)", imported), ("engine started", started)]
     rng = random.Random(0)
     for size in map(int, args.batches.split(",")):
-        prompts = [tuple(rng.randrange(10, 40_000) for _ in range(args.prompt)) for _ in range(size)]
+        prompts = random_prompts(rng, size, args.prompt)
         engine.generate([GenerationRequest(p, max_new_tokens=48, seed=i) for i, p in enumerate(prompts)])
         rows.append((f"after {size} x {args.prompt}+48 generated", rss()))
     generated = rss()
@@ -86,11 +86,16 @@ def main() -> None:
     engine.close()
 
 
+def random_prompts(rng: random.Random, size: int, length: int) -> list[tuple[int, ...]]:
+    """``size`` prompts of ``length`` random token ids (fresh each call, so no prefix is cached)."""
+    return [tuple(rng.randrange(10, 40_000) for _ in range(length)) for _ in range(size)]
+
+
 def timed(engine, rng: random.Random, size: int, prompt: int, new: int) -> float:
     """Seconds to answer ``size`` fresh prompts of ``prompt`` random ids with exactly ``new`` tokens each."""
     from trainer.rollout.base import GenerationRequest
 
-    prompts = [tuple(rng.randrange(10, 40_000) for _ in range(prompt)) for _ in range(size)]
+    prompts = random_prompts(rng, size, prompt)
     requests = [
         GenerationRequest(p, max_new_tokens=new, min_new_tokens=new, seed=i) for i, p in enumerate(prompts)
     ]

@@ -50,7 +50,7 @@ CONFIGS = {
     "lora": [*GRPO, "--set", "actor.lora.rank=16"],
     "fsdp2": [*GRPO, "--nproc", "2"],
     # accepted launches close to this machine's memory by the plan (issue 37: none may die of memory)
-    # (with the --set of docs/launches.md: 98%, 86% and 94% of this 25 GB box)
+    # (with the --set of docs/launches.md: 97%, 86% and 93% of this 25 GB box)
     "near-grpo": [*GRPO, "--set", "actor.micro_batch_size=6"],
     "near-fsdp2": [*GRPO, "--nproc", "2", "--set", "actor.micro_batch_size=2"],
     "near-complementary": [*COMPLEMENTARY, *NO_WARMUP, "--set", "actor.micro_batch_size=4"],
@@ -135,9 +135,7 @@ def extractor_trained(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument(
-        "--only", default="grpo,complementary,lora,fsdp2", help="comma-separated: " + ", ".join(CONFIGS)
-    )
+    parser.add_argument("--only", default=MEASURED, help="comma-separated: " + ", ".join(CONFIGS))
     parser.add_argument("--set", action="append", default=[], help="key=value for every config (repeatable)")
     parser.add_argument("--keep", type=Path, help="copy each run's metrics.jsonl here as NAME.jsonl")
     args = parser.parse_args()

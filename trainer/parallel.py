@@ -303,10 +303,11 @@ def barrier() -> None:
 
 def destroy() -> None:
     """Leave the process group ``init_distributed`` joined, at the end of a run (torchrun warns otherwise);
-    a group someone else started (an in-process vLLM engine's) is theirs to end. On a normal end, meet at a
-    ``barrier`` first: a rank that tears gloo's connections down while a peer still uses them can abort that
-    peer ("terminate called without an active exception", seen here at the end of a 2-process benchmark).
-    Not after an error: the other ranks may be inside another collective, and torchrun ends them anyway."""
+    a group someone else started (an in-process vLLM engine's) is theirs to end. On a normal end the caller
+    meets its peers at ``barrier()`` first: a rank that tears gloo's connections down while a peer still uses
+    them can abort that peer ("terminate called without an active exception", seen here at the end of a
+    2-process benchmark). Not after an error: the other ranks may be inside another collective, and torchrun
+    ends them anyway."""
     if _joined and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _joined.clear()
