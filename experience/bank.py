@@ -481,62 +481,86 @@ def apply_merge_plan(
         inputs=[_snapshot_entry(e) for e in chunk],
         raw_output=plan.raw,
     )
-    current = {
-        e.pk: e
-        for e in Experience.objects.select_for_update().filter(pk__in=[e.id for e in chunk]).order_by("id")
-    }
-    if any(current[e.id].version != e.version or current[e.id].deleted_at for e in chunk):
-        merge.decision = Merge.Decision.STALE
-        merge.save()
-        return merge, []
+    if _changed_since_read(chunk):
+        return _record_untouched(merge, Merge.Decision.STALE), []
     actions = validate_plan(plan, chunk)
     if actions is None:
-        merge.decision = Merge.Decision.UNPARSEABLE
-        merge.save()
-        return merge, []
-    actions = protect_pinned(actions, {e.id for e in chunk if e.pinned})
+        return _record_untouched(merge, Merge.Decision.UNPARSEABLE), []
+    pinned = {e.id for e in chunk if e.pinned}
+    actions = protect_pinned(actions, pinned)
     changing = [a for a in actions if a.kind != "keep"]
     merge.decision = Merge.Decision.CHANGED if changing else Merge.Decision.KEEP
     merge.actions = [
         {"kind": a.kind, "ids": list(a.ids), "title": a.title, "content": a.content} for a in actions
     ]
     merge.save()
-    pinned = {e.id for e in chunk if e.pinned}
-    outputs: list[int] = []
-    common = {"embedding_model": embedding_model, "step": step, "actor": Actor.MERGE, "merge": merge}
-    for a in changing:
-        if a.kind == "discard":
-            for entry_id in a.ids:
-                delete(entry_id, step=step, actor=Actor.MERGE, kind=Kind.MERGE_REMOVE, merge=merge)
-        elif a.kind == "rewrite":
-            vector = vectors[(a.title, a.content)]
-            update(
-                a.ids[0],
-                a.title,
-                a.content,
-                vector,
-                kind=Kind.MERGE_REWRITE,
-                generation=plan.generation,
-                **common,
-            )
-            outputs.append(a.ids[0])
-        else:  # merge
-            vector = vectors[(a.title, a.content)]
-            new = add(
-                run_id,
-                scope,
-                a.title,
-                a.content,
-                vector,
-                kind=Kind.MERGE_ADD,
-                generation=plan.generation,
-                **common,
-            )
-            outputs.append(new.pk)
-            for entry_id in a.ids:
-                if entry_id not in pinned:
-                    delete(entry_id, step=step, actor=Actor.MERGE, kind=Kind.MERGE_REMOVE, merge=merge)
+    written = (
+        _apply_merge_action(a, merge, plan.generation, vectors, pinned, embedding_model=embedding_model)
+        for a in changing
+    )
+    outputs = [entry_id for entry_id in written if entry_id is not None]
     merge.outputs = outputs
     merge.carried = outputs[-carry_max:] if carry_max > 0 else []
     merge.save(update_fields=["outputs", "carried"])
     return merge, list(merge.carried)
+
+
+def _changed_since_read(chunk: Sequence[Entry]) -> bool:
+    """Lock the chunk's rows; True if any was edited or deleted after the merge function read it."""
+    current = {
+        e.pk: e
+        for e in Experience.objects.select_for_update().filter(pk__in=[e.id for e in chunk]).order_by("id")
+    }
+    return any(current[e.id].version != e.version or current[e.id].deleted_at for e in chunk)
+
+
+def _record_untouched(merge: Merge, decision: str) -> Merge:
+    """Save the record of a chunk whose plan was not applied (stale entries or an unusable plan)."""
+    merge.decision = decision
+    merge.save()
+    return merge
+
+
+def _apply_merge_action(
+    action: MergeAction,
+    merge: Merge,
+    generation: Generation | None,
+    vectors: dict[tuple[str, str], np.ndarray],
+    pinned: set[int],
+    *,
+    embedding_model: str,
+) -> int | None:
+    """Carry out one changing action of a merge plan; returns the entry it wrote (None for a discard)."""
+    if action.kind == "discard":
+        _remove_merged(action.ids, merge)
+        return None
+    vector = vectors[(action.title, action.content)]
+    common = {"embedding_model": embedding_model, "step": merge.step, "actor": Actor.MERGE, "merge": merge}
+    if action.kind == "rewrite":
+        update(
+            action.ids[0],
+            action.title,
+            action.content,
+            vector,
+            kind=Kind.MERGE_REWRITE,
+            generation=generation,
+            **common,
+        )
+        return action.ids[0]
+    new = add(
+        merge.run_id,
+        merge.scope,
+        action.title,
+        action.content,
+        vector,
+        kind=Kind.MERGE_ADD,
+        generation=generation,
+        **common,
+    )
+    _remove_merged([i for i in action.ids if i not in pinned], merge)
+    return new.pk
+
+
+def _remove_merged(entry_ids: Iterable[int], merge: Merge) -> None:
+    for entry_id in entry_ids:
+        delete(entry_id, step=merge.step, actor=Actor.MERGE, kind=Kind.MERGE_REMOVE, merge=merge)

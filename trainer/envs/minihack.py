@@ -253,6 +253,7 @@ class MiniHackEnv(TextEnv):
 
         Unbounded (as in MiniHack), a door that stays locked after a failed unlocking would hang the env.
         """
+        # nle and minihack: heavy, imported only once an NLE env is made (``_make_nle``)
         from minihack.envs.keyroom import MiniHackKeyDoor
         from nle.nethack import Command
 
@@ -355,7 +356,7 @@ class MiniHackEnv(TextEnv):
     # ---- expert --------------------------------------------------------------------------
     def _reveal_level(self) -> dict[tuple[int, int], str]:
         """The whole level of this seed: the same level description, lit and premapped, in a shadow env."""
-        from nle import nethack
+        from nle import nethack  # heavy, imported only once an NLE env is made (``_make_nle``)
 
         if self._shadow is None:
             from minihack import MiniHackNavigation
@@ -390,7 +391,7 @@ class MiniHackEnv(TextEnv):
         return level
 
     def _monsters(self) -> set[tuple[int, int]]:
-        from nle import nethack
+        from nle import nethack  # heavy, imported only once an NLE env is made (``_make_nle``)
 
         glyphs = self._obs["glyphs"]
         agent = self._agent()

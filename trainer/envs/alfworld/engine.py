@@ -23,7 +23,7 @@ def import_alfworld() -> None:
     """Import ``alfworld`` with ``ALFWORLD_DATA`` set, so that it does not create ``~/.cache/alfworld``."""
     os.environ.setdefault("ALFWORLD_DATA", str(cache_dir("alfworld")))
     try:
-        import alfworld.info  # noqa: F401
+        import alfworld.info  # noqa: F401  (heavy and optional: imported only when needed, see above)
     except ImportError as exc:
         raise ImportError(INSTALL_HINT) from exc
 
@@ -47,6 +47,7 @@ def _speed_up_textworld() -> None:
       templates and conditions with a PEG parser each time (most of the step's time). The parses
       are kept and each caller gets its own deep copy, since derivation mutates them.
     """
+    # textworld and its planner: heavy and optional (module docstring)
     import fast_downward
     from textworld import logic as tw_logic
     from textworld.envs.pddl import logic as pddl_logic
@@ -84,6 +85,7 @@ class Engine:
 
     def __init__(self) -> None:
         import_alfworld()
+        # alfworld and textworld: heavy and optional, imported when an engine is built (module docstring)
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv

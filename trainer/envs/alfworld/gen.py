@@ -19,7 +19,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainer.envs.alfworld.engine import alfworld_package_dir
+import numpy as np
+
+from trainer.envs.alfworld.engine import alfworld_package_dir, import_alfworld
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -81,20 +83,16 @@ def room_type(floor_plan: int) -> str:
 
 @cache
 def _constants() -> Any:
-    from trainer.envs.alfworld.engine import import_alfworld
-
     import_alfworld()
-    import alfworld.gen.constants as constants
+    import alfworld.gen.constants as constants  # alfworld: heavy, and imported only once ALFWORLD_DATA is set
 
     return constants
 
 
 @cache
 def _goal_library() -> dict[str, Any]:
-    from trainer.envs.alfworld.engine import import_alfworld
-
     import_alfworld()
-    import alfworld.gen.goal_library as glib
+    import alfworld.gen.goal_library as glib  # alfworld: heavy, and imported only once ALFWORLD_DATA is set
 
     return glib.gdict
 
@@ -118,8 +116,6 @@ def floor_plan(number: int) -> tuple[tuple[Receptacle, ...], frozenset[str], tup
         if rtype in constants.VAL_RECEPTACLE_OBJECTS and rtype not in constants.MOVABLE_RECEPTACLES_SET:
             receps.append(Receptacle(thor_id, rtype, (float(x), float(z), int(rot), int(hor))))
     objects = frozenset(json.loads((layouts / f"FloorPlan{number}-objects.json").read_text()))
-    import numpy as np
-
     floor = np.load(layouts / f"FloorPlan{number}-layout.npy")
     return tuple(receps), objects, tuple((float(x), float(z)) for x, z in floor)
 
@@ -178,6 +174,10 @@ def _loc(x: float, z: float, rot: int, hor: int, tag: int) -> str:
     return mangle(f"loc|{round(x / 0.25)}|{round(z / 0.25)}|{rot}|{hor}|{tag}")
 
 
+Placement = tuple[str, str, Receptacle]
+"""An object in the game: (AI2-THOR id, object type, the receptacle it starts in)."""
+
+
 def generate_game(number: int, task_type: str, gen_seed: str) -> dict[str, Any] | None:
     """The ``game.tw-pddl`` data of one game, or None if the floor plan cannot host ``task_type``.
 
@@ -188,96 +188,137 @@ def generate_game(number: int, task_type: str, gen_seed: str) -> dict[str, Any] 
         return None
     rng = random.Random(f"{number}:{task_type}:{gen_seed}")
     task = rng.choice(tasks)
-    constants = _constants()
     receps, objects, floor = floor_plan(number)
+    placed = _place_objects(rng, task, receps, objects)
+    lamps = _place_lamps(rng, receps, objects)
+    # -- locations: one per receptacle, plus the agent's start in the middle of the room
+    loc_of = {r.id: _loc(*r.point, tag=i) for i, r in enumerate(receps)}
+    sx, sz = rng.choice(floor)
+    start = _loc(sx, sz, rng.choice((0, 90, 180, 270)), 30, tag=len(receps))
+    problem = _pddl_problem(number, task, receps, placed + lamps, loc_of, start)
+    return _game_data(number, task, gen_seed, problem, goal_text=task.text(rng))
+
+
+def _place_objects(
+    rng: random.Random, task: Task, receps: tuple[Receptacle, ...], objects: frozenset[str]
+) -> list[Placement]:
+    """Every movable type of the room (up to MAX_DISTRACTOR_TYPES besides the target), each in 1..MAX
+    copies, the target type with enough copies for its task and never where it must end up."""
     rtypes = sorted({r.type for r in receps})
-
-    # -- objects: every movable type of the room, the target type with enough copies
-    placed: list[tuple[str, str, Receptacle]] = []  # (thor id, type, receptacle)
-    taken: set[str] = set()
-
-    def place(otype: str, holders: list[Receptacle]) -> None:
-        recep = rng.choice(holders)
-        while True:
-            rx, ry, rz = (float(v) for v in recep.id.split("|")[1:4])
-            x, z = rx + rng.uniform(-0.3, 0.3), rz + rng.uniform(-0.3, 0.3)
-            thor_id = f"{otype}|{x:+06.2f}|{ry + 0.02:+06.2f}|{z:+06.2f}"
-            if thor_id not in taken:
-                break
-        taken.add(thor_id)
-        placed.append((thor_id, otype, recep))
-
     movable = sorted(o for o in objects & _pickupable() if any(_can_hold(r, o) for r in rtypes))
     others = [o for o in movable if o != task.obj]
     movable = sorted([task.obj, *rng.sample(others, min(len(others), MAX_DISTRACTOR_TYPES))])
+    placed: list[Placement] = []
+    taken: set[str] = set()
     for otype in movable:
         holders = [r for r in receps if _can_hold(r.type, otype)]
         if otype == task.obj:
             # The target never starts where it must go (nor in the device that changes its state).
-            banned = {task.recep} | ({_STATE_CHANGE[task_type][0]} if task_type in _STATE_CHANGE else set())
+            device = _STATE_CHANGE.get(task.task_type)
+            banned = {task.recep} | ({device[0]} if device else set())
             holders = [r for r in holders if r.type not in banned]
-            low = 2 if task_type == "pick_two_obj_and_place" else 1
+            low = 2 if task.task_type == "pick_two_obj_and_place" else 1
             count = rng.randint(low, 3)
         else:
             count = rng.randint(1, MAX_INSTANCES)
         for _ in range(count):
-            place(otype, holders)
-    lamps: list[tuple[str, str, Receptacle]] = []
+            placed.append(_place_one(rng, otype, holders, taken))
+    return placed
+
+
+def _place_one(rng: random.Random, otype: str, holders: list[Receptacle], taken: set[str]) -> Placement:
+    """One object of ``otype`` in a random holder, at a jittered position no other object has."""
+    recep = rng.choice(holders)
+    while True:
+        rx, ry, rz = (float(v) for v in recep.id.split("|")[1:4])
+        x, z = rx + rng.uniform(-0.3, 0.3), rz + rng.uniform(-0.3, 0.3)
+        thor_id = f"{otype}|{x:+06.2f}|{ry + 0.02:+06.2f}|{z:+06.2f}"
+        if thor_id not in taken:
+            break
+    taken.add(thor_id)
+    return thor_id, otype, recep
+
+
+def _place_lamps(
+    rng: random.Random, receps: tuple[Receptacle, ...], objects: frozenset[str]
+) -> list[Placement]:
+    """Each lamp type the room has, standing on one of the receptacles that can hold it."""
+    lamps: list[Placement] = []
     for lamp in _LAMPS:
         holders = [r for r in receps if r.type in _LAMP_HOLDERS[lamp]]
         if lamp in objects and holders:
             recep = rng.choice(holders)
             rx, ry, rz = recep.id.split("|")[1:4]
             lamps.append((f"{lamp}|{rx}|{float(ry) + 0.5:+06.2f}|{rz}", lamp, recep))
+    return lamps
 
-    # -- locations: one per receptacle, plus the agent's start in the middle of the room
-    loc_of = {r.id: _loc(*r.point, tag=i) for i, r in enumerate(receps)}
-    sx, sz = rng.choice(floor)
-    start = _loc(sx, sz, rng.choice((0, 90, 180, 270)), 30, tag=len(receps))
 
-    otypes = sorted({t for _, t, _ in placed + lamps})
+def _pddl_problem(
+    number: int,
+    task: Task,
+    receps: tuple[Receptacle, ...],
+    placed: list[Placement],
+    loc_of: dict[str, str],
+    start: str,
+) -> str:
+    """The PDDL problem: its objects, the initial state and the goal of ``task``."""
+    rtypes = sorted({r.type for r in receps})
+    otypes = sorted({t for _, t, _ in placed})
     objs = [(mangle(i), t, r) for i, t, r in placed]
-    lamp_objs = [(mangle(i), t, r) for i, t, r in lamps]
     decl = ["agent1 - agent"]
     decl += [f"{t}Type - otype" for t in otypes]
     decl += [f"{t}Type - rtype" for t in rtypes]
     decl += [f"{mangle(r.id)} - receptacle" for r in receps]
-    decl += [f"{name} - object" for name, _, _ in objs + lamp_objs]
+    decl += [f"{name} - object" for name, _, _ in objs]
     decl += [f"{loc} - location" for loc in [*loc_of.values(), start]]
-
     init = ["(= (totalCost) 0)", f"(atLocation agent1 {start})"]
     init += [f"(canContain {r}Type {o}Type)" for r in rtypes for o in otypes if _can_hold(r, o)]
-    for r in receps:
-        init.append(f"(receptacleType {mangle(r.id)} {r.type}Type)")
-        init.append(f"(receptacleAtLocation {mangle(r.id)} {loc_of[r.id]})")
-        if r.type in constants.OPENABLE_CLASS_SET:
-            init.append(f"(openable {mangle(r.id)})")
-    actions = constants.VAL_ACTION_OBJECTS
-    for name, otype, r in objs + lamp_objs:
-        init.append(f"(objectType {name} {otype}Type)")
-        init.append(f"(inReceptacle {name} {mangle(r.id)})")
-        init.append(f"(objectAtLocation {name} {loc_of[r.id]})")
-        if otype in _LAMPS:
-            init.append(f"(toggleable {name})")
-            continue
-        init.append(f"(pickupable {name})")
-        for prop, pred in (("Cleanable", "cleanable"), ("Heatable", "heatable"), ("Coolable", "coolable")):
-            if otype in actions[prop]:
-                init.append(f"({pred} {name})")
-
-    goal = _goal_library()[task_type]["pddl"].format(
+    init += _receptacle_facts(receps, loc_of)
+    init += _object_facts(objs, loc_of)
+    goal = _goal_library()[task.task_type]["pddl"].format(
         obj=task.obj, recep=task.recep, toggle=task.toggle, mrecep=""
     )
     goal = goal.replace("#", "-")
     nl = "\n        "
-    problem = (
-        f"(define (problem plan_floorplan{number}_{task_type})\n"
+    return (
+        f"(define (problem plan_floorplan{number}_{task.task_type})\n"
         f"    (:domain alfred)\n"
         f"    (:objects\n        {nl.join(decl)}\n    )\n"
         f"    (:init\n        {nl.join(init)}\n    )\n"
         f"{goal.rstrip()}\n"
     )
-    goal_text = task.text(rng)
+
+
+def _receptacle_facts(receps: tuple[Receptacle, ...], loc_of: dict[str, str]) -> list[str]:
+    facts = []
+    for r in receps:
+        facts.append(f"(receptacleType {mangle(r.id)} {r.type}Type)")
+        facts.append(f"(receptacleAtLocation {mangle(r.id)} {loc_of[r.id]})")
+        if r.type in _constants().OPENABLE_CLASS_SET:
+            facts.append(f"(openable {mangle(r.id)})")
+    return facts
+
+
+def _object_facts(objs: list[Placement], loc_of: dict[str, str]) -> list[str]:
+    """Type, place and affordances of each object (named in PDDL): lamps toggle, the rest are picked up."""
+    actions = _constants().VAL_ACTION_OBJECTS
+    facts = []
+    for name, otype, r in objs:
+        facts.append(f"(objectType {name} {otype}Type)")
+        facts.append(f"(inReceptacle {name} {mangle(r.id)})")
+        facts.append(f"(objectAtLocation {name} {loc_of[r.id]})")
+        if otype in _LAMPS:
+            facts.append(f"(toggleable {name})")
+            continue
+        facts.append(f"(pickupable {name})")
+        for prop, pred in (("Cleanable", "cleanable"), ("Heatable", "heatable"), ("Coolable", "coolable")):
+            if otype in actions[prop]:
+                facts.append(f"({pred} {name})")
+    return facts
+
+
+def _game_data(number: int, task: Task, gen_seed: str, problem: str, *, goal_text: str) -> dict[str, Any]:
+    """The game file's content: the package's domain and grammar (with the goal text), the problem."""
     data_dir = alfworld_package_dir() / "data"
     grammar = (data_dir / "alfred.twl2").read_text().replace("UNKNOWN GOAL", goal_text)
     return {
@@ -288,7 +329,7 @@ def generate_game(number: int, task_type: str, gen_seed: str) -> dict[str, Any] 
         "walkthrough": None,
         "meta": {
             "floor_plan": number,
-            "task_type": task_type,
+            "task_type": task.task_type,
             "gen_seed": gen_seed,
             "goal": goal_text,
             "pddl_params": {

@@ -93,7 +93,7 @@ def alfworld_config(data_path: Path, expert: str) -> dict[str, Any]:
 def play_original(data_path: Path, expert: str) -> list[GameResult]:
     """Every game under ``data_path``, loaded by ``AlfredTWEnv`` and played by ``expert``'s plan."""
     import_alfworld()
-    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv  # heavy and optional: only when played
 
     # "train" is only the mode in which AlfredTWEnv adds AlfredExpert; the games are the eval split's.
     tw_env = AlfredTWEnv(alfworld_config(data_path, expert), train_eval="train")
@@ -129,6 +129,7 @@ def _planner_env(game_files: list[str]) -> Any:
     as the wrapper's ``env`` argument and leaves ``expert_type`` at its default, ``handcoded`` (alfworld
     0.4.2 and the authors' master alike). Everything else here is what ``init_env`` does.
     """
+    # alfworld and textworld: heavy and optional, imported only when the original env is played
     import textworld
     import textworld.gym
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos

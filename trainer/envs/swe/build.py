@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer.envs.splits import load_split, split_path, write_split
 from trainer.envs.swe.mutate import Mutation, apply_patch, find_mutations, is_real_change, make_patch
@@ -44,6 +44,15 @@ def train_cache_path() -> Path:
     return cache_dir("swe") / f"instances.train.v{BUILD_VERSION}.json"
 
 
+class _Caught(NamedTuple):
+    """A mutant the tests catch: the run on it, which tests it breaks and keeps, and the fix."""
+
+    run: TestRun
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    gold_patch: str
+
+
 def build_project(project: Project, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """The instances of one project, in a fixed order (same code, same source -> same set)."""
     tree = source_dir(project)
@@ -53,16 +62,10 @@ def build_project(project: Project, log: Callable[[str], None] = print) -> list[
         mod: sorted(t for t, r in run.results.items() if r.outcome == "passed")
         for mod, run in baseline.items()
     }
-    rng = random.Random(f"swe-mini:{project.name}:{project.version}")
-    queues = {}
-    for mod in modules:
-        sites = find_mutations((tree / mod).read_text())
-        rng.shuffle(sites)
-        queues[mod] = sites
     instances: list[dict[str, Any]] = []
     per_function: Counter[tuple[str, str]] = Counter()
     tried = 0
-    for mod, mutation in _round_robin(queues):
+    for mod, mutation in _round_robin(_mutation_queues(project, tree, modules)):
         if len(instances) >= project.target:
             break
         if per_function[(mod, mutation.function)] >= MAX_PER_FUNCTION or not passing[mod]:
@@ -74,39 +77,69 @@ def build_project(project: Project, log: Callable[[str], None] = print) -> list[
         tried += 1
         if tried % 25 == 0:
             log(f"{project.name}: {tried} mutants tried, {len(instances)} kept")
-        run = _run(project, tree, modules[mod], overrides={mod: buggy})
-        fail_to_pass = [t for t in passing[mod] if not run.passed(t)]
-        pass_to_pass = [t for t in passing[mod] if run.passed(t)]
-        if run.timed_out or run.collection_errors or run.seconds > MAX_RUN_SECONDS:
-            continue
-        if not 1 <= len(fail_to_pass) <= MAX_FAIL_TO_PASS:
-            continue
-        gold_patch = make_patch(mod, buggy, source)
-        if apply_patch({mod: buggy}, gold_patch)[mod] != source:
+        caught = _catch(project, tree, modules[mod], passing[mod], mod, source, buggy)
+        if caught is None:
             continue
         per_function[(mod, mutation.function)] += 1
-        instances.append(
-            {
-                "instance_id": f"{project.name}-{len(instances):04d}",
-                "repo": project.repo,
-                "version": project.version,
-                "base_commit": project.base_commit,
-                "split": project.split,
-                "problem_statement": problem_statement(project, tree, mod, mutation, run, fail_to_pass),
-                "FAIL_TO_PASS": fail_to_pass,
-                "PASS_TO_PASS": pass_to_pass,
-                "gold_patch": gold_patch,
-                "test_files": modules[mod],
-                "bug": {
-                    "kind": mutation.kind,
-                    "file": mod,
-                    "function": mutation.function,
-                    "line": mutation.lineno,
-                },
-            }
-        )
+        instance_id = f"{project.name}-{len(instances):04d}"
+        instances.append(_instance(project, tree, instance_id, mod, mutation, caught, modules[mod]))
     log(f"{project.name}: {len(instances)} instances from {tried} mutants tried ({len(modules)} modules)")
     return instances
+
+
+def _mutation_queues(
+    project: Project, tree: Path, modules: dict[str, list[str]]
+) -> dict[str, list[Mutation]]:
+    """Each module's mutation sites in an order seeded by the project's name and version."""
+    rng = random.Random(f"swe-mini:{project.name}:{project.version}")
+    queues = {}
+    for mod in modules:
+        sites = find_mutations((tree / mod).read_text())
+        rng.shuffle(sites)
+        queues[mod] = sites
+    return queues
+
+
+def _catch(
+    project: Project, tree: Path, tests: list[str], passing: list[str], mod: str, source: str, buggy: str
+) -> _Caught | None:
+    """Run the module's tests on the mutant; None unless it makes a clear, fixable instance: a clean,
+    quick run, 1..MAX_FAIL_TO_PASS broken tests, and a gold patch that gives the pristine file back."""
+    run = _run(project, tree, tests, overrides={mod: buggy})
+    fail_to_pass = [t for t in passing if not run.passed(t)]
+    pass_to_pass = [t for t in passing if run.passed(t)]
+    if run.timed_out or run.collection_errors or run.seconds > MAX_RUN_SECONDS:
+        return None
+    if not 1 <= len(fail_to_pass) <= MAX_FAIL_TO_PASS:
+        return None
+    gold_patch = make_patch(mod, buggy, source)
+    if apply_patch({mod: buggy}, gold_patch)[mod] != source:
+        return None
+    return _Caught(run, fail_to_pass, pass_to_pass, gold_patch)
+
+
+def _instance(
+    project: Project,
+    tree: Path,
+    instance_id: str,
+    mod: str,
+    mutation: Mutation,
+    caught: _Caught,
+    test_files: list[str],
+) -> dict[str, Any]:
+    return {
+        "instance_id": instance_id,
+        "repo": project.repo,
+        "version": project.version,
+        "base_commit": project.base_commit,
+        "split": project.split,
+        "problem_statement": problem_statement(project, tree, mod, mutation, caught.run, caught.fail_to_pass),
+        "FAIL_TO_PASS": caught.fail_to_pass,
+        "PASS_TO_PASS": caught.pass_to_pass,
+        "gold_patch": caught.gold_patch,
+        "test_files": test_files,
+        "bug": {"kind": mutation.kind, "file": mod, "function": mutation.function, "line": mutation.lineno},
+    }
 
 
 def _run(project: Project, tree: Path, tests: list[str], overrides: dict[str, str] | None = None) -> TestRun:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trainer.envs.base import StepInfo, TextEnv, register_env
+from trainer.envs.swe.build import load_instances
 from trainer.envs.swe.mutate import apply_patch, line_opcodes, patch_files, split_lines
 from trainer.envs.swe.projects import ENV_NAME, PROJECTS, source_dir
 from trainer.envs.swe.sandbox import TestRun, copy_repo, run_tests
@@ -93,8 +94,6 @@ class SWEMiniEnv(TextEnv):
     )
 
     def __init__(self, split: str = "train", subset: str = "all") -> None:
-        from trainer.envs.swe.build import load_instances  # (may build the train set on first use)
-
         super().__init__(split)
         self.instances = load_instances(split, subset)
         self.instance: dict[str, Any] = {}

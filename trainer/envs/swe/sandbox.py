@@ -132,76 +132,98 @@ def run_tests(
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             (work / rel).write_text(text)
         report = tmp / "report.jsonl"
-        cmd = [
-            *prefix,
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "pytest_timeout",
-            "-p",
-            "swe_mini_report",
-            f"--timeout={per_test_timeout}",
-            "--rootdir",
-            str(work),
-            *(f"--deselect={d}" for d in deselect),
-            *targets,
-        ]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(tmp),
-            "TMPDIR": str(tmp),
-            "LANG": "C.UTF-8",
-            "PYTHONPATH": os.pathsep.join([str(work), str(PLUGIN_DIR)]),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            "SWE_MINI_REPORT": str(report),
-        }
+        cmd = [*prefix, *_pytest_args(work, targets, deselect, per_test_timeout)]
         start = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            preexec_fn=_limit_child,
-            start_new_session=True,
-        )
-        timed_out = False
-        try:
-            output, _ = proc.communicate(timeout=outer_timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        run = TestRun(returncode=proc.returncode, timed_out=timed_out, output=output[-4000:])
+        returncode, timed_out, output = _run_isolated(cmd, work, _child_env(tmp, work, report), outer_timeout)
+        run = TestRun(returncode=returncode, timed_out=timed_out, output=output[-4000:])
         run.seconds = time.perf_counter() - start
         if report.exists():
-            for line in report.read_text().splitlines():
-                row = json.loads(line)
-                row["path"] = str(row.get("path", "")).removeprefix(str(work) + os.sep)
-                prev = run.results.get(row["nodeid"])
-                # A test failed if any of its phases (or subtests) failed.
-                if (
-                    prev is None
-                    or row["outcome"] in ("failed", "error")
-                    and prev.outcome not in ("failed", "error")
-                ):
-                    run.results[row["nodeid"]] = TestResult(**_fields(row))
+            run.results = _read_report(report, work)
         return run
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pytest_args(
+    work: Path, targets: Sequence[str], deselect: Sequence[str], per_test_timeout: int
+) -> list[str]:
+    """pytest with no plugin but the timeout and the result reporter, rooted at the copy."""
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "pytest_timeout",
+        "-p",
+        "swe_mini_report",
+        f"--timeout={per_test_timeout}",
+        "--rootdir",
+        str(work),
+        *(f"--deselect={d}" for d in deselect),
+        *targets,
+    ]
+
+
+def _child_env(tmp: Path, work: Path, report: Path) -> dict[str, str]:
+    """A minimal environment: nothing of the caller's but PATH, home and temp inside the run's folder."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp),
+        "TMPDIR": str(tmp),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": os.pathsep.join([str(work), str(PLUGIN_DIR)]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "SWE_MINI_REPORT": str(report),
+    }
+
+
+def _run_isolated(
+    cmd: list[str], work: Path, env: dict[str, str], outer_timeout: float
+) -> tuple[int, bool, str]:
+    """(return code, timed out, output) of ``cmd`` run in its own session under the resource limits;
+    its whole process group is killed at ``outer_timeout`` and whatever happens, none outlives it."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        preexec_fn=_limit_child,
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=outer_timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, timed_out, output
+
+
+def _read_report(report: Path, work: Path) -> dict[str, TestResult]:
+    """One result per test id from the plugin's rows (paths relative to the copy)."""
+    results: dict[str, TestResult] = {}
+    for line in report.read_text().splitlines():
+        row = json.loads(line)
+        row["path"] = str(row.get("path", "")).removeprefix(str(work) + os.sep)
+        prev = results.get(row["nodeid"])
+        # A test failed if any of its phases (or subtests) failed.
+        if prev is None or row["outcome"] in ("failed", "error") and prev.outcome not in ("failed", "error"):
+            results[row["nodeid"]] = TestResult(**_fields(row))
+    return results
 
 
 def _fields(row: dict) -> dict:

@@ -8,20 +8,17 @@ import sys
 import time
 
 from trainer.envs.splits import split_path, write_split
+from trainer.envs.webshop import catalogue
+from trainer.envs.webshop.env import WebShopEnv, random_valid_action, synthetic_eval_goals, synthetic_world
 
 
 def freeze() -> None:
-    from trainer.envs.webshop.env import synthetic_eval_goals
-
     goals = synthetic_eval_goals()
     digest = write_split(split_path("WebShop-synth"), goals)
     print(f"wrote {len(goals)} eval goals to {split_path('WebShop-synth')} (sha256 {digest[:12]})")
 
 
 def bench(n_eval: int = 50, n_random: int = 200) -> None:
-    from trainer.envs.webshop import catalogue
-    from trainer.envs.webshop.env import WebShopEnv, random_valid_action, synthetic_world
-
     t = time.perf_counter()
     cat = catalogue.generate_catalogue(0)
     products = catalogue.normalize_products(cat["items"], cat["attributes"])

@@ -385,61 +385,101 @@ def generate_catalogue(seed: int = 0, bases_per_category: int = 20) -> dict[str,
     [asin, ...]}}``; each goal carries ``split`` ("train" or "eval") and the ``template`` index it
     was written with; ``distractors`` lists each target's near-duplicates (attribute, option, price).
     """
-    rng = random.Random(f"webshop-synth/{CATALOGUE_VERSION}/{seed}")
-    items: list[dict[str, Any]] = []
-    attributes: dict[str, dict[str, Any]] = {}
+    shop = _Shop(random.Random(f"webshop-synth/{CATALOGUE_VERSION}/{seed}"))
     goals: list[dict[str, Any]] = []
     distractors: dict[str, list[str]] = {}
-
-    def add(cat: Category, brand: str, attrs: list[str], opts: dict[str, list[str]], price: float) -> str:
-        asin = "B0" + "".join(rng.choices(_ASIN_CHARS, k=8))
-        while asin in attributes:
-            asin = "B0" + "".join(rng.choices(_ASIN_CHARS, k=8))
-        items.append(_raw_item(asin, cat, brand, attrs, opts, price, rng))
-        attributes[asin] = {"attributes": list(attrs)}
-        return asin
-
     for cat in CATEGORIES:
         _check_category(cat)
         for b in range(bases_per_category):
             split = "eval" if b % EVAL_EVERY == 0 else "train"
-            brand = _brand(rng)
-            attrs = rng.sample(cat.attributes, 3)
-            opts = {
-                g: sorted(rng.sample(vals, min(len(vals), rng.randint(2, 4))), key=vals.index)
-                for g, vals in cat.options.items()
-            }
-            price = round(rng.uniform(*cat.price), 0) - 0.01
-            add(cat, brand, attrs, opts, price)
-            goal = make_goal(rng, normalize_products(items[-1:], attributes)[0], split)
+            base = shop.add_base(cat)
+            goal = make_goal(shop.rng, shop.last_product(), split)
             goals.append(goal)
-            # near-duplicate distractors, each differing from the target in one way
-            other_attr = rng.choice([a for a in cat.attributes if a not in attrs])
-            swapped = [other_attr if a == goal["attributes"][0] else a for a in attrs]
-            group, wanted = next(iter(goal["goal_options"].items()))
-            others = [v for v in cat.options[group] if v != wanted]
-            no_option = opts | {
-                group: sorted(rng.sample(others, min(len(others), 3)), key=cat.options[group].index)
-            }
-            for d_attrs, d_opts, d_price in (
-                (swapped, opts, price),
-                (attrs, no_option, price),
-                (attrs, opts, goal["price_upper"] + rng.choice([4.99, 14.99, 29.99])),
-            ):
-                distractors.setdefault(goal["asin"], []).append(
-                    add(cat, _brand(rng), d_attrs, d_opts, d_price)
-                )
-                redraws = 0
-                while best_reward(normalize_products(items[-1:], attributes)[0], goal) >= 1.0:
-                    # a brand name can spell a goal word that WebShop's reward finds in the title
-                    redraws += 1
-                    if redraws > 20:
-                        raise RuntimeError(f"a near-duplicate of {goal['asin']} keeps satisfying its goal")
-                    items[-1] = _raw_item(items[-1]["asin"], cat, _brand(rng), d_attrs, d_opts, d_price, rng)
-    order = list(range(len(items)))
-    rng.shuffle(order)  # like items_shuffle.json: targets are not first among their distractors
-    items = [items[i] for i in order]
-    return {"items": items, "attributes": attributes, "goals": goals, "distractors": distractors}
+            distractors[goal["asin"]] = shop.add_near_duplicates(base, goal)
+    order = list(range(len(shop.items)))
+    shop.rng.shuffle(order)  # like items_shuffle.json: targets are not first among their distractors
+    items = [shop.items[i] for i in order]
+    return {"items": items, "attributes": shop.attributes, "goals": goals, "distractors": distractors}
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """What a product is apart from its brand: the same for a base and the distractors that copy it."""
+
+    cat: Category
+    attrs: list[str]
+    opts: dict[str, list[str]]
+    price: float
+
+
+class _Shop:
+    """The catalogue being written: raw items and attribute records, every draw from one generator (the
+    order of the draws is the catalogue: changing it changes every product after)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.items: list[dict[str, Any]] = []
+        self.attributes: dict[str, dict[str, Any]] = {}
+
+    def add(self, brand: str, variant: _Variant) -> str:
+        asin = "B0" + "".join(self.rng.choices(_ASIN_CHARS, k=8))
+        while asin in self.attributes:
+            asin = "B0" + "".join(self.rng.choices(_ASIN_CHARS, k=8))
+        self.items.append(self._raw_item(asin, brand, variant))
+        self.attributes[asin] = {"attributes": list(variant.attrs)}
+        return asin
+
+    def _raw_item(self, asin: str, brand: str, v: _Variant) -> dict[str, Any]:
+        return _raw_item(asin, v.cat, brand, v.attrs, v.opts, v.price, self.rng)
+
+    def last_product(self) -> dict[str, Any]:
+        return normalize_products(self.items[-1:], self.attributes)[0]
+
+    def add_base(self, cat: Category) -> _Variant:
+        """A base product: three of the category's attributes, 2-4 values per option group, a price."""
+        rng = self.rng
+        brand = _brand(rng)
+        attrs = rng.sample(cat.attributes, 3)
+        opts = {
+            g: sorted(rng.sample(vals, min(len(vals), rng.randint(2, 4))), key=vals.index)
+            for g, vals in cat.options.items()
+        }
+        price = round(rng.uniform(*cat.price), 0) - 0.01
+        base = _Variant(cat, attrs, opts, price)
+        self.add(brand, base)
+        return base
+
+    def add_near_duplicates(self, base: _Variant, goal: dict[str, Any]) -> list[str]:
+        """Three distractors, each differing from the base in one way the goal asks about: one goal
+        attribute swapped, the goal's option value missing, the price above the goal's ceiling."""
+        rng, cat = self.rng, base.cat
+        other_attr = rng.choice([a for a in cat.attributes if a not in base.attrs])
+        swapped = [other_attr if a == goal["attributes"][0] else a for a in base.attrs]
+        group, wanted = next(iter(goal["goal_options"].items()))
+        others = [v for v in cat.options[group] if v != wanted]
+        no_option = base.opts | {
+            group: sorted(rng.sample(others, min(len(others), 3)), key=cat.options[group].index)
+        }
+        variants = (
+            _Variant(cat, swapped, base.opts, base.price),
+            _Variant(cat, base.attrs, no_option, base.price),
+            _Variant(cat, base.attrs, base.opts, goal["price_upper"] + rng.choice([4.99, 14.99, 29.99])),
+        )
+        asins = []
+        for variant in variants:
+            asins.append(self.add(_brand(rng), variant))
+            self._rebrand_while_satisfying(variant, goal)
+        return asins
+
+    def _rebrand_while_satisfying(self, variant: _Variant, goal: dict[str, Any]) -> None:
+        """A brand name can spell a goal word that WebShop's reward finds in the title: draw the last
+        item's brand again until the item no longer meets the goal."""
+        redraws = 0
+        while best_reward(self.last_product(), goal) >= 1.0:
+            redraws += 1
+            if redraws > 20:
+                raise RuntimeError(f"a near-duplicate of {goal['asin']} keeps satisfying its goal")
+            self.items[-1] = self._raw_item(self.items[-1]["asin"], _brand(self.rng), variant)
 
 
 def make_goal(

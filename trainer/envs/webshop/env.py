@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from rank_bm25 import BM25Okapi
+
 from trainer.envs.base import StepInfo, TextEnv, register_env
 from trainer.envs.splits import load_split, split_path
 from trainer.envs.webshop.catalogue import (
@@ -50,8 +53,6 @@ class SearchEngine:
     """BM25 over WebShop's indexed fields (title, description, first bullet, options)."""
 
     def __init__(self, products: list[dict[str, Any]]) -> None:
-        from rank_bm25 import BM25Okapi
-
         self.asins = [p["asin"] for p in products]
         docs = []
         for p in products:
@@ -62,8 +63,6 @@ class SearchEngine:
 
     def search(self, keywords: str, k: int = SEARCH_RETURN_N) -> list[str]:
         """The top ``k`` asins that share at least one term with ``keywords``, best first."""
-        import numpy as np
-
         query = [t for t in dict.fromkeys(_tokenize(keywords)) if t in self.bm25.idf]
         if not query:
             return []
