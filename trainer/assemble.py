@@ -40,7 +40,6 @@ from trainer.checkpoint import (
 from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, HelperRankLoop, work_left
 from trainer.config import ConfigError, ExtractorConfig, RunConfig
 from trainer.envs.base import make_mixture
-from trainer.experiments.files import FAILURES_FILE
 from trainer.extractor.model import Extractor
 from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
@@ -57,6 +56,7 @@ from trainer.report import (
 )
 from trainer.rollout.base import Engine, engine_from_config
 from trainer.rollout.runner import Retriever
+from trainer.runfiles import FAILURES_FILE
 from trainer.store import ExperienceStore
 from trainer.trackers import tracker_reporters
 

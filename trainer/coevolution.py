@@ -37,7 +37,6 @@ from trainer import parallel
 from trainer.checkpoint import SHARDED_DIR, save_sharded
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
-from trainer.experiments.files import last_attempt, read_lines
 from trainer.extractor.credit import CreditBuffer
 from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.prompts import Step
@@ -46,6 +45,7 @@ from trainer.extractor.update import ExtractorUpdate
 from trainer.loop import Metrics, TrainingLoop
 from trainer.report import BaseReporter, Progress, Reporter, report_eval_episodes, report_progress
 from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
+from trainer.runfiles import last_attempt, read_lines
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
 TOOL_NOTE = (

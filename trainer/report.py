@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trainer.experiments.files import episode_batch, read_lines, write_lines
+from trainer.runfiles import episode_batch, read_lines, write_lines
 
 if TYPE_CHECKING:
     from trainer.rollout.runner import Episode

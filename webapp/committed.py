@@ -19,8 +19,8 @@ from typing import Any
 
 from django.conf import settings
 
-from trainer.experiments.files import read_lines
 from trainer.experiments.spec import NAME
+from trainer.runfiles import read_lines
 from webapp.experiments import results_root
 
 REPORT = Path("report") / "report.md"

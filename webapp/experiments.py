@@ -26,7 +26,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from trainer.config import ConfigError
-from trainer.experiments.files import (
+from trainer.experiments.spec import Cell, ExperimentSpec
+from trainer.paths import var_dir
+from trainer.runfiles import (
     FAILURES_FILE,
     batch_sizes,
     last_attempt,
@@ -34,8 +36,6 @@ from trainer.experiments.files import (
     read_lines,
     write_lines,
 )
-from trainer.experiments.spec import Cell, ExperimentSpec
-from trainer.paths import var_dir
 from webapp.models import Experiment, Run
 
 

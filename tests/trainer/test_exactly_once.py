@@ -7,7 +7,14 @@ import pytest
 
 from tests.trainer.test_experiments import write_fake_grid
 from trainer.config import get_preset
-from trainer.experiments.files import (
+from trainer.experiments.report.cost import cumulative_total
+from trainer.experiments.report.extractor import extractor_rows, search_and_ask_use
+from trainer.experiments.report.merges import merge_attempts
+from trainer.experiments.report.runs import load_results
+from trainer.loop import sample_tasks
+from trainer.report import EpisodeLogReporter, JsonlReporter, Reporters, report_eval_episodes
+from trainer.rollout.runner import Episode, EpisodeSpec
+from trainer.runfiles import (
     batch_sizes,
     last_attempt,
     last_batches,
@@ -15,16 +22,6 @@ from trainer.experiments.files import (
     repeated_rows,
     write_lines,
 )
-from trainer.experiments.report import (
-    cumulative_total,
-    extractor_rows,
-    load_results,
-    merge_attempts,
-    search_and_ask_use,
-)
-from trainer.loop import sample_tasks
-from trainer.report import EpisodeLogReporter, JsonlReporter, Reporters, report_eval_episodes
-from trainer.rollout.runner import Episode, EpisodeSpec
 
 CFG = get_preset("cpu").with_overrides(seed=3, tasks_per_step=2, k_rollouts=4, steps=8, eval_every=4)
 

@@ -14,22 +14,19 @@ from scipy import stats
 
 from trainer.config import ConfigError, get_preset
 from trainer.experiments.bank import BankReplay, agreement, entry_quality, shares, sizes_after
-from trainer.experiments.files import last_attempt, read_lines, write_lines
-from trainer.experiments.report import (
+from trainer.experiments.report import build_report
+from trainer.experiments.report.experience import (
     EXTRACTED,
     IMPORTED,
-    RunResult,
-    bank_replay,
-    build_report,
     entry_usefulness,
     imported_entries,
-    load_results,
-    merge_effects,
     origin_lines,
-    same_draw,
-    same_slot_pairs,
     usefulness_by_origin,
 )
+from trainer.experiments.report.merges import merge_effects
+from trainer.experiments.report.quality import bank_replay
+from trainer.experiments.report.runs import RunResult, load_results
+from trainer.experiments.report.same_slot import same_draw, same_slot_pairs
 from trainer.experiments.spec import ExperimentSpec
 from trainer.experiments.stats import (
     area_under_curve,
@@ -42,6 +39,7 @@ from trainer.experiments.stats import (
 from trainer.loop import sample_tasks
 from trainer.report import EpisodeLogReporter
 from trainer.rollout.runner import Episode
+from trainer.runfiles import last_attempt, read_lines, write_lines
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,8 @@ from tests.trainer.recording import Recorder
 from trainer.assemble import build_engine, build_extractor_engine, file_reporters, train
 from trainer.config import RunConfig, get_preset
 from trainer.envs import make_mixture
-from trainer.experiments.report import load_results, table1_section
+from trainer.experiments.report.evaluation import table1_section
+from trainer.experiments.report.runs import load_results
 from trainer.loop import sample_tasks
 from trainer.models import default_model_path, prepare_default_models
 from trainer.store import Add

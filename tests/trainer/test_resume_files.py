@@ -11,8 +11,8 @@ import pytest
 from tests.trainer.tiny_models import tiny_llama_folder
 from trainer.assemble import build_engine, file_reporters, train
 from trainer.config import get_preset
-from trainer.experiments.files import read_lines, repeated_rows
 from trainer.report import BaseReporter, Reporters
+from trainer.runfiles import read_lines, repeated_rows
 
 BASE = get_preset("cpu").with_overrides(
     **{

@@ -30,10 +30,10 @@ from trainer import assemble
 from trainer.checkpoint import read_checkpoint
 from trainer.coevolution import JOURNAL_FILE, STATE_FILE, work_left
 from trainer.config import get_preset
-from trainer.experiments.files import read_lines
 from trainer.extractor.track import TrackJournal, _Merge
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.rollout.base import Generation
+from trainer.runfiles import read_lines
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.services import run_cancel
 from webapp.training import run_dir, train_claimed

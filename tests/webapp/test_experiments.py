@@ -14,10 +14,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from trainer.experiments.files import FAILURES_FILE, read_lines
 from trainer.experiments.spec import ExperimentSpec
 from trainer.paths import var_dir
 from trainer.rollout.base import native_bf16
+from trainer.runfiles import FAILURES_FILE, read_lines
 from webapp.experiments import cell_dir, emulated_bf16_note, experiment_run, results_dir
 from webapp.models import Experiment, MetricRow, Run
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from trainer.experiments.files import read_lines
 from trainer.report import EpisodeLogReporter, Reporters, report_eval_episodes
 from trainer.rollout.runner import Episode, EpisodeSpec, Experience, Turn
+from trainer.runfiles import read_lines
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import RunReporter
 from webapp.training import rewind

@@ -19,27 +19,17 @@ from pathlib import Path
 
 from trainer.experiments.bank import LABELS_FILE, agreement
 from trainer.experiments.conditions import conditions, hours, mixed, time_account
-from trainer.experiments.files import read_lines
-from trainer.experiments.report import (
-    WITH,
-    RunResult,
-    _fmt,
-    _last_with_both,
-    _table,
-    bank_replay,
-    build_report,
-    by_arm,
-    cost_row,
-    entry_usefulness,
-    extractor_rows,
-    final_values,
-    first_steps,
-    load_results,
-    same_slot_pairs,
-    signal_rate_lines,
-    steps_after_warmup,
-)
+from trainer.experiments.report import build_report
+from trainer.experiments.report.cost import cost_row
+from trainer.experiments.report.evaluation import final_values, first_steps, last_with_both
+from trainer.experiments.report.experience import entry_usefulness
+from trainer.experiments.report.extractor import extractor_rows, signal_rate_lines, steps_after_warmup
+from trainer.experiments.report.quality import bank_replay
+from trainer.experiments.report.render import fmt, table
+from trainer.experiments.report.runs import WITH, RunResult, by_arm, load_results
+from trainer.experiments.report.same_slot import same_slot_pairs
 from trainer.experiments.stats import mcnemar_exact, t_interval, welch_interval, wilson_interval
+from trainer.runfiles import read_lines
 
 SUMMARY_FILE = "summary.md"
 COMPARED = ("report.md", "summary.csv", SUMMARY_FILE)
@@ -54,7 +44,7 @@ def _frozen(r: RunResult) -> bool:
 
 def _series(r: RunResult, col: str) -> str:
     steps, values = r.eval_series(f"eval/{col}success")
-    return " / ".join(_fmt(v) for v in values) if steps else "–"
+    return " / ".join(fmt(v) for v in values) if steps else "–"
 
 
 def _final_wilson(r: RunResult, col: str) -> str:
@@ -63,14 +53,14 @@ def _final_wilson(r: RunResult, col: str) -> str:
         return "–"
     n = int(r.evals[steps[-1]].get(f"eval/{col}episodes", 0))
     w = wilson_interval(values[-1] * n, n)
-    return f"{_fmt(values[-1])} [{_fmt(w.low, 2)}, {_fmt(w.high, 2)}]"
+    return f"{fmt(values[-1])} [{fmt(w.low, 2)}, {fmt(w.high, 2)}]"
 
 
 def _signal(r: RunResult) -> str:
     if _frozen(r):
         return "– (frozen extractor)" if r.uses_experience else "–"
     x = extractor_rows(r)
-    return f"{_fmt(x['with_signal'], 0)} / {steps_after_warmup(r)} = {_fmt(x['signal_per_actor_step'], 2)}"
+    return f"{fmt(x['with_signal'], 0)} / {steps_after_warmup(r)} = {fmt(x['signal_per_actor_step'], 2)}"
 
 
 def cells_table(runs: Sequence[RunResult]) -> str:
@@ -93,12 +83,12 @@ def cells_table(runs: Sequence[RunResult]) -> str:
         "training success ≥ 90% from",
         "CISPO steps with signal / actor steps after warm-up",
     ]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _iv(values: Sequence[float]) -> str:
     iv = t_interval(values)
-    return _fmt(iv.mean) if math.isnan(iv.low) else f"{_fmt(iv.mean)} ± {_fmt(iv.half_width)}"
+    return fmt(iv.mean) if math.isnan(iv.low) else f"{fmt(iv.mean)} ± {fmt(iv.half_width)}"
 
 
 def _bounds(low: float, high: float) -> str:
@@ -117,12 +107,12 @@ def arm_lines(runs: Sequence[RunResult]) -> list[str]:
         for col, label in (("", "without"), (WITH, "with")):
             values = final_values(rs, f"eval/{col}success")
             if values:
-                parts.append(f"{_iv(values)} {label} (per seed {', '.join(_fmt(v) for v in values)})")
+                parts.append(f"{_iv(values)} {label} (per seed {', '.join(fmt(v) for v in values)})")
         spread = final_values(rs, "eval/success")
         if spread:
             lines.append(
                 f"- {arm}, final success over {len(rs)} seeds (mean ± 95% t): {'; '.join(parts)}; "
-                f"seed spread {_fmt(max(spread) - min(spread))}."
+                f"seed spread {fmt(max(spread) - min(spread))}."
             )
     for arm, rs in list(arms.items())[1:]:
         for col, label in (("", "without"), (WITH, "with")):
@@ -135,7 +125,7 @@ def arm_lines(runs: Sequence[RunResult]) -> list[str]:
                 )
                 excluding += [f"{arm} ({label}) − {reference}"] if iv.low > 0 or iv.high < 0 else []
     for arm, rs in arms.items():
-        gains = [row[f"eval/{WITH}success"] - row["eval/success"] for r in rs if (row := _last_with_both(r))]
+        gains = [row[f"eval/{WITH}success"] - row["eval/success"] for r in rs if (row := last_with_both(r))]
         if gains:
             iv = t_interval(gains)
             interval = _bounds(iv.low, iv.high)
@@ -157,9 +147,9 @@ def experience_lines(runs: Sequence[RunResult], labels: Sequence[dict]) -> list[
             g = [v for s, v in zip(*r.train_series("train/guided/success"), strict=True) if s > r.warmup]
             f = [v for s, v in zip(*r.train_series("train/free/success"), strict=True) if s > r.warmup]
             if g and f:
-                pairs.append(f"{_fmt(sum(g) / len(g))} vs {_fmt(sum(f) / len(f))} (s{r.seed})")
+                pairs.append(f"{fmt(sum(g) / len(g))} vs {fmt(sum(f) / len(f))} (s{r.seed})")
             values = [v for vs in entry_usefulness(r.episodes).values() for v in vs]
-            uses.append(f"{_fmt(sum(values) / len(values) if values else None)} (s{r.seed})")
+            uses.append(f"{fmt(sum(values) / len(values) if values else None)} (s{r.seed})")
             replay = bank_replay(r)
             banks.append(
                 f"{replay.final_size} (s{r.seed}; {replay.checked - len(replay.mismatched)}/{replay.checked})"
@@ -176,8 +166,8 @@ def experience_lines(runs: Sequence[RunResult], labels: Sequence[dict]) -> list[
         w = wilson_interval(a.useful, a.labelled)
         lines.append(
             f"- Hand labels ({LABELS_FILE}): {a.useful} of {a.labelled} final-bank entries useful "
-            f"(Wilson 95% [{_fmt(w.low)}, {_fmt(w.high)}]); the mechanical rule marks {a.marked} of them "
-            f"good, precision {_fmt(a.precision)}, recall {_fmt(a.recall)}."
+            f"(Wilson 95% [{fmt(w.low)}, {fmt(w.high)}]); the mechanical rule marks {a.marked} of them "
+            f"good, precision {fmt(a.precision)}, recall {fmt(a.recall)}."
         )
     return lines
 
@@ -193,7 +183,7 @@ def pairing_lines(runs: Sequence[RunResult]) -> list[str]:
         f"- {arm} beside grpo, same slots while both actors were untrained: {c['replayed']} / {c['plain']} "
         f"unguided slots replayed; {c['pairs']} guided pairs, {c['both']} both succeed, {c['baseline']} only "
         f"grpo, {c['guided']} only guided (exact McNemar p = "
-        f"{_fmt(mcnemar_exact(c['baseline'], c['guided']) if c['pairs'] else None)})."
+        f"{fmt(mcnemar_exact(c['baseline'], c['guided']) if c['pairs'] else None)})."
         for arm, c in pooled.items()
     ]
 
@@ -210,7 +200,7 @@ def conditions_table(runs: Sequence[RunResult]) -> str:
             [cell, c["commit"], c["cpu"], c["native bf16"], hours(t["trained"]), hours(t["wall"]), pauses]
         )
     header = ["cell", "commit", "CPU", "native bf16", "trained (steps + evals)", "wall", "interruptions"]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def cost_lines(runs: Sequence[RunResult]) -> list[str]:

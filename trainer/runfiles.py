@@ -1,4 +1,6 @@
-"""Result files of runs: JSON lines read leniently, written atomically, and de-duplicated across resumes."""
+"""The format of a run's files: the JSON lines its reporters write (``trainer.report``: ``metrics.jsonl``,
+``episodes.jsonl``) and πϕ's failures file, read leniently, written atomically, and de-duplicated across
+resumes. Experiment reports (``trainer.experiments.report``) and the web app read them back through here."""
 
 from __future__ import annotations
 
