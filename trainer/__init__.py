@@ -1,1 +1,1 @@
-"""Complementary RL: the training library. It never imports Django (see DESIGN.md §2)."""
+"""Complementary RL: the training library. It never imports Django (see docs/design.md §2)."""

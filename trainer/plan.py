@@ -6,7 +6,7 @@
     print(plan.table())
 
 What it counts, per device (one process per device; FSDP2 over ``nproc`` divides each trained model's
-weights, gradients and optimiser state by ``nproc``; DESIGN.md §7):
+weights, gradients and optimiser state by ``nproc``; docs/design.md §7):
 
 - each trained model (the actor; the extractor when the method trains it): weights, gradients and AdamW
   state. On CPU the trainer keeps everything in float32 (``trainer.models.load_causal_lm``): 4 + 4 + 8 = 16
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainer.config import PRESETS, ConfigError, LoraConfig, RunConfig
+from trainer.envs.base import make_mixture
 
 GiB = 2**30
 GB = 10**9
@@ -509,8 +510,6 @@ def _engine_parts(role, shape, cfg, cache_gib, kind, live) -> list[Part]:
 
 
 def _envs_per_batch(cfg: RunConfig) -> int:
-    from trainer.envs.base import make_mixture
-
     return len(make_mixture(cfg.env).names)
 
 
@@ -644,6 +643,7 @@ def _duration(seconds: float) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``manage.py train``'s config flags (``--config``, ``--set`` ...) plus the devices to plan for."""
+    # imported here: trainer.train loads the training stack (~1 s); the web server plans without it
     from trainer.train import add_arguments as add_train_arguments
 
     add_train_arguments(parser)
@@ -657,7 +657,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_from_args(args: argparse.Namespace, stdout: IO[str]) -> str | None:
     """Print the plan of the config the flags describe; return the refusal (None when it fits)."""
-    from trainer.train import config_from_args
+    from trainer.train import config_from_args  # imported here: see add_arguments
 
     args.config = args.config or args.preset
     cfg = config_from_args(args)

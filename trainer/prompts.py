@@ -1,4 +1,5 @@
-"""The actor's chat: system prompt, observation turns, and the token ids the engine sees (DESIGN §3.1).
+"""The actor's chat: system prompt, observation turns, and the token ids the engine sees
+(docs/design.md §3.1).
 
 Token in, token out: the ids the engine generated are kept as they are and never re-tokenised, so the
 trainer scores exactly what was sampled. ``ChatBuilder`` only tokenises what the *environment* adds:

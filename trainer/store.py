@@ -2,7 +2,7 @@
 
 ``trainer/`` never imports Django. The webapp's ``experience.manager.ExperienceManager`` implements
 ``ExperienceStore`` over PostgreSQL + pgvector; anything else with the same methods (an in-memory
-store in a script) works too. Operations mirror the extractor's vocabulary (DESIGN.md §3.2–3.3):
+store in a script) works too. Operations mirror the extractor's vocabulary (docs/design.md §3.2–3.3):
 Add a new entry, Update a retrieved one, Return (nothing worth keeping), Delete.
 """
 

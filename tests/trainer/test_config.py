@@ -128,7 +128,7 @@ def test_direct_construction_validates_too():
         ActorConfig(lr=-1.0)
 
 
-# ---- derived properties: the method table of DESIGN §3.5 ----------------------------------------
+# ---- derived properties: the method table of docs/design.md §3.5 ----------------------------------------
 
 
 @pytest.mark.parametrize(

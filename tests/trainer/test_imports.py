@@ -1,4 +1,5 @@
-"""The trainer's modules import downward (STYLE.md): no import cycle, and no Django anywhere in it."""
+"""The trainer's modules import downward (docs/design.md §8): no import cycle, and no Django anywhere in
+it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Credit assignment for the extractor (DESIGN §3.2): outcomes → generation rewards → a training batch.
+"""Credit assignment for the extractor (docs/design.md §3.2): outcomes → generation rewards → a training
+batch.
 
 Every πϕ generation (distil, merge, refine) is identified by its prompt, response and weight version. Each
 trajectory guided by an entry adds r = +1 (success) or −1 (failure) to the generation behind that entry;

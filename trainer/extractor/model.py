@@ -1,5 +1,6 @@
 """The extractor πϕ at inference: its three jobs as batched engine calls, with every answer kept as a
-``Generation`` (prompt, response ids, old log-probs, weight version) for credit assignment (DESIGN §3.2).
+``Generation`` (prompt, response ids, old log-probs, weight version) for credit assignment
+(docs/design.md §3.2).
 
 ``Extractor.distil`` turns finished episodes into store operations; ``Extractor.merge_fn`` and
 ``Extractor.refine_fn`` are the store's ``MergeFn`` and ``RefineFn``. Structured outputs (a JSON schema

@@ -1,4 +1,4 @@
-"""What the extractor πϕ reads, and the JSON it must answer with (DESIGN §3.2, §3.3).
+"""What the extractor πϕ reads, and the JSON it must answer with (docs/design.md §3.2, §3.3).
 
 Three jobs, one chat each:
 

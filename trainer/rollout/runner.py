@@ -1,4 +1,4 @@
-"""The batched multi-turn episode runner (DESIGN §3.4, §5).
+"""The batched multi-turn episode runner (docs/design.md §3.4, §5).
 
 ``EpisodeRunner.run(specs)`` plays many episodes of any registered envs at once: every turn, the prompts
 of all live episodes go to the engine in one ``generate`` call; each completion is parsed and stepped by
@@ -51,7 +51,7 @@ class EpisodeSpec:
 
 @dataclass(frozen=True)
 class RetrievalQuery:
-    """What a guided episode asks the experience store for, at its start (DESIGN §3.3)."""
+    """What a guided episode asks the experience store for, at its start (docs/design.md §3.3)."""
 
     env_name: str
     goal: str
