@@ -25,12 +25,16 @@ writes the merged model of any adapter folder.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
+from trainer import parallel
 from trainer.config import ConfigError, LoraConfig
+from trainer.models import load_causal_lm, load_tokenizer
 
 ADAPTER_DIR = "actor_lora"
 """The actor's adapter inside a checkpoint folder (PEFT's ``adapter_config.json`` + safetensors)."""
@@ -49,7 +53,7 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 def peft_config(cfg: LoraConfig):
     """PEFT's ``LoraConfig`` for ours."""
-    from peft import LoraConfig as PeftLoraConfig
+    from peft import LoraConfig as PeftLoraConfig  # peft imports transformers (~3 s): only for LoRA runs
 
     targets = cfg.target_modules
     return PeftLoraConfig(
@@ -97,10 +101,8 @@ def served_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     merged, W + ΔW with PEFT's own ``get_delta_weight`` (B·A·alpha/rank), leaving the model untouched; for
     a plain one its full state dict (``trainer.parallel.full_state_dict``)."""
     if not is_lora(model):
-        from trainer import parallel
-
         return parallel.full_state_dict(model)
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # peft imports transformers (~3 s): only for LoRA runs
 
     merged = {k: v for k, v in model.state_dict().items() if ".lora_" not in k}
     with torch.no_grad():
@@ -137,8 +139,6 @@ def save_merged(model: torch.nn.Module, folder: Path) -> Path:
     """Write the merged weights of a LoRA model as a plain Hugging Face model folder (config, generation
     config, safetensors; no tokenizer). A tied output layer is left to the embeddings, as transformers
     saves it."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     weights = served_state_dict(model)
@@ -172,8 +172,7 @@ def _adapter_folder(folder: Path) -> Path:
 def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     """Load a ``save_adapter`` folder's weights into ``model``'s adapter, in place; refuses an adapter of
     another rank or other target layers with a message."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from peft import set_peft_model_state_dict  # peft imports transformers (~3 s): only for LoRA runs
 
     folder = _adapter_folder(folder)
     weights = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(folder / ADAPTER_WEIGHTS).items()}
@@ -192,10 +191,6 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
 def merge_adapter_folder(adapter: Path, out: Path, base: Path | str | None = None) -> Path:
     """The merged model of an adapter folder (its base from ``adapter_config.json`` unless ``base`` is
     given) written to ``out`` as a plain model folder with the base's tokenizer: a run's export."""
-    import json
-
-    from trainer.models import load_causal_lm, load_tokenizer
-
     adapter = _adapter_folder(adapter)
     saved = json.loads((adapter / ADAPTER_CONFIG).read_text())
     base = base or saved["base_model_name_or_path"]

@@ -59,6 +59,7 @@ def prepare_default_models(dest: Path | None = None) -> Path:
     if is_checkpoint(dest):
         return dest
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # torch and transformers: heavy (seconds), and imported after HF_HUB_OFFLINE is set
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
@@ -83,7 +84,7 @@ def prepare_default_models(dest: Path | None = None) -> Path:
 def load_tokenizer(path: Path | str):
     """The tokenizer (with its chat template) of a local model folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy (seconds), and imported after HF_HUB_OFFLINE is set
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
@@ -94,6 +95,7 @@ def load_tokenizer(path: Path | str):
 def load_causal_lm(path: Path | str, dtype: str = "float32"):
     """A causal LM from a local folder, in train-ready fp32 by default. Each call is a new instance."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # torch and transformers: heavy (seconds), and imported after HF_HUB_OFFLINE is set
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -51,7 +51,7 @@ def scalars(kind: str, values: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _summary_writer(log_dir: Path) -> Any:
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # torch and tensorboard: heavy, only when exporting
 
     return SummaryWriter(log_dir=str(log_dir))
 
@@ -120,7 +120,7 @@ def export_wandb_offline(
     """A W&B offline run under ``out_dir/wandb/`` (``wandb sync`` uploads it); needs the ``wandb`` package.
     W&B wants each step logged once and in order, so a step's train and eval values go in one call."""
     try:
-        import wandb
+        import wandb  # optional: not a dependency of the project
     except ImportError:
         raise TrackerUnavailable(
             "the wandb package is not installed, so no W&B offline run can be written. Install it "

@@ -241,7 +241,7 @@ def native_bf16() -> bool:
     AVX2-only CPU vLLM's own bf16 GEMMs are 2-5x slower than float32 (``benchmarks/bench_engines.py``,
     ``bench_bf16_route.py``), so the vLLM engine routes them through float32 there
     (``trainer.rollout.vllm``)."""
-    import torch
+    import torch  # heavy: this module is imported where no model runs (see ``TYPE_CHECKING`` above)
 
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
@@ -292,7 +292,7 @@ def sequence_logprobs(
 
 
 def _minibatch_logprobs(model, prompts, completions, masks, device) -> list[torch.Tensor]:
-    import torch
+    import torch  # heavy: this module is imported where no model runs
 
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
     B, T = len(seqs), max(len(s) for s in seqs)
@@ -330,6 +330,7 @@ def _logits_at(model, input_ids, attention_mask, rows, cols) -> torch.Tensor:
     head), so it keeps only the wanted columns through ``logits_to_keep``: the head then runs at the union
     of those positions in every row.
     """
+    # heavy: this module is imported where no model runs
     import torch
     from torch.distributed.fsdp import FSDPModule
 
@@ -363,7 +364,7 @@ def engine_from_config(
             seed=seed,
             sleep_mode=rollout.sleep,
         )
-    from trainer.parallel import resolve_device
+    from trainer.parallel import resolve_device  # imports torch, which this module leaves to model code
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     return make_engine(name, model_path, dtype=rollout.dtype, device=str(resolve_device(device, local_rank)))

@@ -89,40 +89,32 @@ class VLLMEngine(Engine):
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-        from vllm import LLM
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # vllm is optional, and heavy (~7 s to import)
 
         on_cpu = current_platform.is_cpu()
         if on_cpu and not native_bf16():
             _route_bf16_gemms_through_float32()
-        if on_cpu and kv_cache_memory_bytes is None:
-            kv_cache_memory_bytes = 1 << 30
-        options: dict[str, Any] = {
-            "model": str(self.model_path),
-            "dtype": dtype,
-            "max_model_len": max_model_len,
-            "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
-            "seed": seed,
-            **llm_options,
-        }
-        if on_cpu:
-            # vLLM-CPU crashes ("CPU Generator does not use offset") when a seeded request's prompt is
-            # split over engine steps (chunked prefill rewinds its generator). Whole prompts only, then;
-            # a batch's prompts still share steps up to max_num_batched_tokens.
-            options.setdefault("enable_chunked_prefill", False)
-            options.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
         self._sleeps = sleep_mode and current_platform.is_sleep_mode_available()
-        if self._sleeps:
-            options["enable_sleep_mode"] = True
-        if kv_cache_memory_bytes is not None:
-            options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        elif not on_cpu:
-            options["gpu_memory_utilization"] = gpu_memory_utilization
-        if _in_torchrun_group():
-            # one engine per rank beside its trainer (TRL's colocate mode): vLLM joins the process group
-            # torchrun made instead of starting its own; with tensor_parallel_size 1 every rank is an
-            # independent data-parallel engine. Closing it destroys that group (``trainer.parallel``).
-            options.setdefault("distributed_executor_backend", "external_launcher")
+        options = _llm_options(
+            self.model_path,
+            on_cpu=on_cpu,
+            sleeps=self._sleeps,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            llm_options=llm_options,
+        )
+        self._start(options)
+        if warmup:
+            self._generate([GenerationRequest((1, 2, 3), max_new_tokens=_WARMUP_TOKENS, seed=0)] * 2)
+
+    def _start(self, options: dict[str, Any]) -> None:
+        """Start ``vllm.LLM``; a failed start leaves vLLM's process-wide state as clean as it found it."""
+        from vllm import LLM  # vllm is optional, and heavy (~7 s to import)
+
         with _ENGINE_LOCK:
             try:
                 self._llm = LLM(**options)
@@ -136,10 +128,9 @@ class VLLMEngine(Engine):
                     f"{ {k: v for k, v in options.items() if k != 'model'} }: {exc}"
                 ) from exc
             _live_engines.add(id(self))
-        if warmup:
-            self._generate([GenerationRequest((1, 2, 3), max_new_tokens=_WARMUP_TOKENS, seed=0)] * 2)
 
     def _sampling_params(self, request: GenerationRequest):
+        # vllm is optional, and heavy (~7 s to import)
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -161,7 +152,7 @@ class VLLMEngine(Engine):
         )
 
     def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # vllm is optional, and heavy (~7 s to import)
 
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         params = [self._sampling_params(r) for r in requests]
@@ -185,6 +176,7 @@ class VLLMEngine(Engine):
         return generations
 
     def _score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        # vllm is optional, and heavy (~7 s to import)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -225,7 +217,7 @@ class VLLMEngine(Engine):
                 self._llm.wake_up()
 
     def _close(self) -> None:
-        import vllm.v1.engine.core as engine_core
+        import vllm.v1.engine.core as engine_core  # vllm is optional, and heavy (~7 s to import)
 
         llm, self._llm = self._llm, None
         # EngineCore.shutdown tears down the process-wide distributed state, which would break the
@@ -243,9 +235,54 @@ class VLLMEngine(Engine):
         gc.collect()
 
 
+def _llm_options(
+    model_path: Path,
+    *,
+    on_cpu: bool,
+    sleeps: bool,
+    dtype: str,
+    max_model_len: int,
+    kv_cache_memory_bytes: int | None,
+    gpu_memory_utilization: float,
+    enforce_eager: bool | None,
+    seed: int,
+    llm_options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` options: the engine's (see :class:`VLLMEngine`), the caller's ``llm_options``,
+    and the defaults of the platform where those leave an option unset."""
+    if on_cpu and kv_cache_memory_bytes is None:
+        kv_cache_memory_bytes = 1 << 30
+    options: dict[str, Any] = {
+        "model": str(model_path),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
+        "seed": seed,
+        **llm_options,
+    }
+    if on_cpu:
+        # vLLM-CPU crashes ("CPU Generator does not use offset") when a seeded request's prompt is
+        # split over engine steps (chunked prefill rewinds its generator). Whole prompts only, then;
+        # a batch's prompts still share steps up to max_num_batched_tokens.
+        options.setdefault("enable_chunked_prefill", False)
+        options.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
+    if sleeps:
+        options["enable_sleep_mode"] = True
+    if kv_cache_memory_bytes is not None:
+        options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    elif not on_cpu:
+        options["gpu_memory_utilization"] = gpu_memory_utilization
+    if _in_torchrun_group():
+        # one engine per rank beside its trainer (TRL's colocate mode): vLLM joins the process group
+        # torchrun made instead of starting its own; with tensor_parallel_size 1 every rank is an
+        # independent data-parallel engine. Closing it destroys that group (``trainer.parallel``).
+        options.setdefault("distributed_executor_backend", "external_launcher")
+    return options
+
+
 def _in_torchrun_group() -> bool:
     """This process is one rank of a torch.distributed group of several (``trainer.parallel``)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch only once the engine has set OMP_NUM_THREADS (__init__)
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -254,7 +291,7 @@ def _cleanup_if_last() -> None:
     """Tear down vLLM's process-wide state once no engine uses it, so that a new one can start."""
     gc.collect()
     if not _live_engines:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # optional, heavy
 
         cleanup_dist_env_and_memory()
 
@@ -265,14 +302,14 @@ def _route_bf16_gemms_through_float32() -> None:
     vLLM picks each layer's GEMM when its weights are processed after loading, again after every
     ``reload_weights``: the wrapper takes over for bf16 weights there, keeps a float32 copy of them (twice
     the bf16 weights' memory: ~0.5 GB for SmolLM2-135M) and refreshes it on each reload."""
-    import vllm.model_executor.layers.utils as layer_utils
+    import vllm.model_executor.layers.utils as layer_utils  # vllm is optional, and heavy (~7 s to import)
 
     vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm
     if getattr(vllm_dispatch, "routes_bf16_through_float32", False):
         return
 
     def dispatch(layer, remove_weight: bool) -> None:
-        import torch
+        import torch  # torch only once the engine has set OMP_NUM_THREADS (__init__)
 
         weight = layer.weight
         if weight.is_meta or weight.ndim != 2 or weight.dtype != torch.bfloat16:
@@ -289,7 +326,7 @@ def _route_bf16_gemms_through_float32() -> None:
 
 def _float32_linear(weight32):
     """``cpu_linear(x, weight, bias)`` for a bf16 layer whose weight is kept as ``weight32``."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # torch only once the engine has set OMP_NUM_THREADS (__init__)
 
     def linear(x, weight, bias):
         return F.linear(x.float(), weight32, None if bias is None else bias.float()).to(x.dtype)
