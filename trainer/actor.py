@@ -1,4 +1,4 @@
-"""The actor update (DESIGN §3.1): split GRPO advantages, PPO-clip over the actor's own tokens, AdamW.
+"""The actor update (docs/design.md §3.1): split GRPO advantages, PPO-clip over the actor's own tokens, AdamW.
 
 One call of ``ActorUpdate.step(episodes)`` is one optimiser step over a batch of finished episodes:
 
@@ -10,7 +10,8 @@ One call of ``ActorUpdate.step(episodes)`` is one optimiser step over a batch of
    the trainer's model with itself. They are kept only to measure the
    engine-trainer mismatch (``actor/engine_logp_diff``), which also catches an engine serving stale
    weights;
-3. PPO-clip token loss over masked tokens, accumulated over micro-batches, grad-norm clip, AdamW.
+3. PPO-clip token loss over masked tokens, accumulated over micro-batches, grad-norm clip, AdamW (the loop
+   both trainers share, ``trainer.update``, which skips a step whose gradient norm is not finite).
 
 **Episodes are the trajectories.** An episode may span several training segments (see
 ``trainer.rollout.runner``); every aggregation mode is computed per episode, then written as per-segment
@@ -22,27 +23,26 @@ weights on token sums, so micro-batches and segments add up to exactly the full-
 
 **Many ranks** (``trainer.parallel``): every rank receives the whole batch, so these weights are global,
 and trains on its share of the rows; the ranks' losses add up to the full-batch loss and FSDP sums their
-gradients. A rank left without a row for a micro-batch runs one weighted 0, so collectives stay matched.
-Batches go to the model's device.
+gradients. A rank left without a row for a micro-batch runs one with its loss times 0, so collectives
+stay matched. Batches go to the model's device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from trainer import losses, memory, parallel
-from trainer.cancel import CancelToken
+from trainer import losses, parallel
 from trainer.config import ActorConfig
 from trainer.lora import served_state_dict
+from trainer.metrics import Metrics
 from trainer.rollout.base import Engine, sequence_logprobs
 from trainer.rollout.runner import Episode, Segment
-
-Metrics = dict[str, float]
+from trainer.update import MicroBatch, MicroBatchLoss, PolicyUpdate, pad_rows
 
 
 class StaleWeightsError(RuntimeError):
@@ -57,14 +57,6 @@ class _Row:
     episode: int
     adv: float
     weight: float
-
-
-def _pad(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    B, T = len(rows), max(len(r) for r in rows)
-    out = torch.zeros(B, T, dtype=torch.float32, device=device)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32, device=device)
-    return out
 
 
 def episode_advantages(
@@ -102,112 +94,44 @@ def training_rows(
     ]
 
 
-class ActorUpdate:
+class ActorUpdate(PolicyUpdate[_Row, ActorConfig]):
     """Owns the actor's optimiser; ``step`` is one PPO-clip update, ``sync`` pushes weights to an engine."""
+
+    name = "actor"
 
     def __init__(
         self, model: torch.nn.Module, cfg: ActorConfig, *, estimator: str, max_engine_diff: float = 1.0
     ):
         """``estimator``: the run's advantage estimator (``RunConfig.advantage_estimator``).
         ``max_engine_diff``: mean |engine - trainer| log-prob above which the engine is declared stale."""
-        self.model = model
-        self.device = parallel.model_device(model)
-        self.cfg = cfg
+        super().__init__(model, cfg, max_engine_diff=max_engine_diff)
         self.estimator = estimator
-        self.max_engine_diff = max_engine_diff
-        self.policy_loss = losses.get_policy_loss(cfg.policy_loss)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-        self.cancel = CancelToken()
-        """Checked between micro-batches; the loop hands it its own token."""
-        self.progress: Callable[[int, int], None] | None = None
-        """Gets (micro-batches done, micro-batches) during ``step``; the loop sets it."""
-        # a sharded model got its checkpointing from ``parallel.parallelize``
-        if (
-            cfg.gradient_checkpointing
-            and hasattr(model, "gradient_checkpointing_enable")
-            and not parallel.is_sharded(model)
-        ):
-            model.gradient_checkpointing_enable()
 
     def step(self, episodes: Sequence[Episode]) -> Metrics:
         """One optimiser step on ``episodes`` (one epoch, as the paper). Returns plain-float metrics."""
         adv, group_ids, guided, metrics = episode_advantages(episodes, self.estimator)
         every = training_rows(episodes, adv, group_ids, guided, self.cfg.aggregation)
-        # a zero-advantage row adds exactly nothing to the loss or its gradient (every policy loss is
-        # linear in A): skip its forward and backward. A step with no signal at all takes no optimiser step.
-        rows = sorted((r for r in every if r.adv != 0.0), key=lambda r: r.segment.num_ids)  # less padding
+        rows = sorted(self._live(every), key=lambda r: r.segment.num_ids)  # less padding
         metrics["actor/skipped_rows"] = float(len(every) - len(rows))
-        mbs = parallel.rank_micro_batches(rows, self.cfg.micro_batch_size, *parallel.trainers_of(self.model))
-        # a rank with nothing left still joins the sharded forward and backward: one row, weighted 0
-        fillers = [not mb for mb in mbs]
-        mbs = [mb or [dataclasses.replace(rows[0], weight=0.0)] for mb in mbs]
-
+        mbs = self._micro_batches(rows)
         t0 = time.perf_counter()
-        # one optimiser step per batch: π_old is π_θ, so the training forward's own log-probs (detached) are
-        # π_old and the ratio is exactly 1 (as verl does on-policy). The separate no-grad pass is only run
-        # when asked for (``recompute_old_logprobs``), e.g. for several optimiser steps per batch.
-        recomputed = [self._old_logp(mb) for mb in mbs] if self.cfg.recompute_old_logprobs else None
+        mbs = self._recompute_old_logp(mbs)
         metrics["time/recompute_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        total_loss, n_tok = 0.0, 0
-        sums = {"clip_frac": 0.0, "approx_kl": 0.0}
-        old: list[torch.Tensor] = []
-        for i, mb in enumerate(mbs):
-            self.cancel.check()
-            with memory.ONE_PASS:  # never beside πϕ's activations (trainer.memory)
-                logp = _pad(self._logp(mb), self.device)  # (B, T) over response ids
-                old.append(recomputed[i] if recomputed is not None else logp.detach())
-                mask = _pad([r.segment.mask for r in mb], self.device)
-                mb_adv = torch.tensor([r.adv for r in mb], device=self.device)
-                mb_w = torch.tensor([r.weight for r in mb], device=self.device)
-                # weights already carry the aggregation (see module docstring): sum tokens, weight rows
-                loss, m = self.policy_loss(
-                    logp,
-                    old[-1],
-                    mb_adv,
-                    mask,
-                    eps_low=self.cfg.clip_eps,
-                    eps_high=self.cfg.clip_eps,
-                    agg="seq-mean-token-sum",
-                    seq_weights=mb_w,
-                )
-                loss.backward()
-            if self.progress is not None:
-                self.progress(i + 1, len(mbs))
-            if fillers[i]:
-                continue
-            k = int(mask.sum())
-            total_loss += loss.item()
-            n_tok += k
-            for name in sums:
-                sums[name] += m[name] * k
+        trained = self._forward_backward(mbs, self._loss)
         # the stale-engine check runs every step, before the weights change: on one skipped row when no
         # row has signal
-        real = [i for i, filler in enumerate(fillers) if not filler]
         checked = (
-            ([mbs[i] for i in real], [old[i] for i in real])
-            if mbs or not every
-            else ([every[:1]], [self._old_logp(every[:1])])
+            [(t.items, t.logp) for t in trained]
+            if rows or not every
+            else [(every[:1], self._old_logp(every[:1]))]
         )
-        metrics |= self._engine_mismatch(*checked)
-        total_loss, n_tok, *summed = parallel.all_sum([total_loss, n_tok, *sums.values()], self.model)
-        sums = dict(zip(sums, summed, strict=True))
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        if rows:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        metrics |= self._engine_mismatch(checked)
+        metrics |= self._finish(trained, stepped=bool(rows))
         metrics["time/backward_s"] = time.perf_counter() - t0
-        metrics |= {
-            "actor/loss": total_loss,
-            "actor/clip_frac": sums["clip_frac"] / max(n_tok, 1),
-            "actor/approx_kl": sums["approx_kl"] / max(n_tok, 1),
-            "actor/grad_norm": float(parallel.full_tensor(grad_norm)),
-            "actor/tokens": float(n_tok),
-            "actor/sequences": float(len(rows)),  # the whole batch's, on every rank
-        }
+        metrics["actor/tokens"] = float(sum(r.segment.num_trained for r in rows))
+        metrics["actor/sequences"] = float(len(rows))  # the whole batch's, on every rank
         return metrics
 
     def sync(self, engine: Engine, version: int) -> float:
@@ -217,6 +141,32 @@ class ActorUpdate:
         return time.perf_counter() - t0
 
     # ---- pieces ------------------------------------------------------------------------------
+
+    def _recompute_old_logp(self, mbs: list[MicroBatch[_Row]]) -> list[MicroBatch[_Row]]:
+        """π_old by a separate no-grad pass, only when asked for (``recompute_old_logprobs``, e.g. for several
+        optimiser steps per batch). With one optimiser step per batch π_old is π_θ, so the training
+        forward's own log-probs, detached, are π_old and the ratio is exactly 1 (as verl does on-policy)."""
+        if not self.cfg.recompute_old_logprobs:
+            return mbs
+        return [dataclasses.replace(mb, old_logp=self._old_logp(mb.items)) for mb in mbs]
+
+    def _loss(self, mb: MicroBatch[_Row]) -> MicroBatchLoss:
+        """The policy loss of a micro-batch. The row weights already carry the aggregation (see the module
+        docstring): tokens are summed, rows weighted."""
+        logp = pad_rows(self._logp(mb.items), self.device)  # (B, T) over response ids
+        old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
+        mask = pad_rows([r.segment.mask for r in mb.items], self.device)
+        loss, metrics = self.policy_loss(
+            logp,
+            old_logp,
+            torch.tensor([r.adv for r in mb.items], device=self.device),
+            mask,
+            eps_low=self.cfg.clip_eps,
+            eps_high=self.cfg.clip_eps,
+            agg="seq-mean-token-sum",
+            seq_weights=torch.tensor([r.weight for r in mb.items], device=self.device),
+        )
+        return MicroBatchLoss(loss, mask, old_logp, metrics)
 
     def _logp(self, mb: Sequence[_Row]) -> list[torch.Tensor]:
         segs = [r.segment for r in mb]
@@ -232,11 +182,13 @@ class ActorUpdate:
     @torch.no_grad()
     def _old_logp(self, mb: Sequence[_Row]) -> torch.Tensor:
         self.model.eval()
-        return _pad(self._logp(mb), self.device)
+        return pad_rows(self._logp(mb), self.device)
 
-    def _engine_mismatch(self, mbs: list[list[_Row]], old: list[torch.Tensor]) -> Metrics:
+    def _engine_mismatch(self, checked: list[tuple[list[_Row], torch.Tensor]]) -> Metrics:
+        """Mean |engine - trainer| log-prob over the rows ``checked`` (with their π_old); raises
+        ``StaleWeightsError`` far beyond dtype noise."""
         diffs = [torch.zeros(0)]
-        for mb, mb_old in zip(mbs, old, strict=True):
+        for mb, mb_old in checked:
             for i, r in enumerate(mb):
                 m = torch.tensor(r.segment.mask, dtype=torch.bool)
                 engine = torch.tensor(r.segment.engine_logprobs)[m]

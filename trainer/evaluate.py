@@ -1,4 +1,4 @@
-"""Evaluation with and without experience (DESIGN §3.5: the paper's two columns).
+"""Evaluation with and without experience (docs/design.md §3.5: the paper's two columns).
 
 Greedy episodes on the first ``episodes`` instances of each environment's frozen eval split, played twice:
 without experience (``eval/...``) and with the top-1 retrieved entry injected into the system prompt
@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer.envs.base import make_env, make_mixture
+from trainer.metrics import Metrics
 from trainer.rollout.runner import Episode, EpisodeRunner, EpisodeSpec, Retriever
 
-Metrics = dict[str, float]
 EVAL_TEMPERATURE = 0.0
 WITH_EXP = "with_exp/"
 

@@ -1,4 +1,4 @@
-"""Pure loss and advantage functions for Complementary RL (DESIGN.md §3.1, §3.2).
+"""Pure loss and advantage functions for Complementary RL (docs/design.md §3.1, §3.2).
 
 In the style of verl's ``core_algos.py``: every advantage estimator and every policy loss is a module-level
 function with one signature, registered by name; the training loop dispatches once through
@@ -17,7 +17,8 @@ from typing import Protocol, TypeVar
 
 import torch
 
-Metrics = dict[str, float]
+from trainer.metrics import Metrics
+
 K = TypeVar("K", bound=Hashable)
 
 # exp() of a log-ratio beyond this is numerically meaningless; clamping keeps masked garbage finite too
@@ -106,7 +107,7 @@ def _adv_metrics(adv: torch.Tensor, guided: torch.Tensor, keys: torch.Tensor) ->
 def grpo_split(
     rewards: torch.Tensor, group_ids: torch.Tensor, guided: torch.Tensor, *, eps: float = 1e-6
 ) -> tuple[torch.Tensor, Metrics]:
-    """Split (grouped) GRPO advantages, the default (DESIGN §3.1).
+    """Split (grouped) GRPO advantages, the default (docs/design.md §3.1).
 
     Â_c = (r - mean_c) / (std_c + eps) within each subgroup c ∈ {guided, free} of each task instance.
     rewards: (B,) float; group_ids: (B,) int, the task instance; guided: (B,) bool. Returns adv (B,).
@@ -139,7 +140,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def subgroup_weights(guided: torch.Tensor, group_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-trajectory weights for the split objective ½ Σ_c mean_{i∈c} L_i (DESIGN §3.1).
+    """Per-trajectory weights for the split objective ½ Σ_c mean_{i∈c} L_i (docs/design.md §3.1).
 
     Within each task instance (``group_ids``; None = the whole batch is one instance) each present subgroup
     c ∈ {guided, free} gets total weight 1/(number of present subgroups), shared equally by its K_c
@@ -170,7 +171,7 @@ def aggregate(
 ) -> torch.Tensor:
     """Reduce per-token losses (B, T) to a scalar over the tokens where ``mask`` is set.
 
-    - ``token-mean``: Σ_{i,t} m·l / Σ m, every token weighs the same (CISPO's 1/Σ|m_i|, DESIGN §3.2);
+    - ``token-mean``: Σ_{i,t} m·l / Σ m, every token weighs the same (CISPO's 1/Σ|m_i|, docs/design.md §3.2);
     - ``seq-mean-token-mean``: mean over a trajectory's tokens, then a (weighted) mean over trajectories;
     - ``seq-mean-token-sum``: sum over a trajectory's tokens, then a (weighted) mean over trajectories.
 
@@ -293,7 +294,8 @@ def ppo_clip(
     seq_weights: torch.Tensor | None = None,
     num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
-    """PPO clipped surrogate, token-level ratio, no KL and no entropy term (the actor's loss, DESIGN §3.1).
+    """PPO clipped surrogate, token-level ratio, no KL and no entropy term (the actor's loss,
+    docs/design.md §3.1).
 
     l_t = max(-A·ρ_t, -A·clip(ρ_t, 1-ε_low, 1+ε_high)) with ρ_t = exp(logp_t - old_logp_t), ε = 0.2,
     then ``aggregate``d (with ``subgroup_weights`` this is the split objective ½ Σ_c mean_{i∈c}).
@@ -321,7 +323,7 @@ def cispo(
     seq_weights: torch.Tensor | None = None,
     num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
-    """CISPO (MiniMax-M1), the extractor's loss (DESIGN §3.2):
+    """CISPO (MiniMax-M1), the extractor's loss (docs/design.md §3.2):
 
     L = -(1/Σ_i|m_i|) Σ_i Σ_t sg(clip(ρ_{i,t}, 1-ε_low, 1+ε_high)) · Â_i · log π(m_{i,t} | ...),
 
@@ -339,7 +341,7 @@ def cispo(
     return loss, _ratio_metrics(ratio, m, clipped)
 
 
-# ---- extractor credit assignment (DESIGN §3.2) ---------------------------------------------------
+# ---- extractor credit assignment (docs/design.md §3.2) ------------------------------------------------
 
 
 def experience_reward(success: bool) -> float:
@@ -362,14 +364,15 @@ def generation_rewards(outcomes: Iterable[tuple[K, float]]) -> dict[K, float]:
 
 
 def extractor_advantages(mean_rewards: torch.Tensor) -> torch.Tensor:
-    """Â_i = r̄(m_i) - mean over the training buffer of r̄ (no std division, DESIGN §3.2). (N,) -> (N,)."""
+    """Â_i = r̄(m_i) - mean over the training buffer of r̄ (no std division, docs/design.md §3.2).
+    (N,) -> (N,)."""
     return mean_rewards - mean_rewards.mean()
 
 
 def training_count_weight(
     step: int, last_trained_step: int | None, train_count: int, *, delta: int = 1, alpha: float = 0.5
 ) -> float:
-    """Training-count-aware reweighting of a generation's advantage (DESIGN §3.2).
+    """Training-count-aware reweighting of a generation's advantage (docs/design.md §3.2).
 
     w = 0 if (t - t_last) < δ, else (1 + c_train)^(-α); a generation never trained on gets w = 1.
     ``step`` is the current extractor step t, ``last_trained_step`` t_last (None = never trained),

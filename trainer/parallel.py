@@ -161,6 +161,13 @@ def autocast(model: torch.nn.Module) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
+    """Hugging Face's activation checkpointing for an unsharded model when ``enabled``; a sharded one got
+    its checkpointing from ``parallelize`` (``apply_ac``), so nothing is added to it here."""
+    if enabled and hasattr(model, "gradient_checkpointing_enable") and not is_sharded(model):
+        model.gradient_checkpointing_enable()
+
+
 def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
