@@ -34,6 +34,7 @@ from api.schemas import (
     RunFilters,
     RunOut,
 )
+from trainer.plan import PlanError
 from webapp import charts
 from webapp.forms import RunFilterForm
 from webapp.models import EpisodeRecord, MetricRow
@@ -42,12 +43,13 @@ from webapp.services import (
     Launched,
     RunError,
     can_launch,
+    launch_placement,
     run_cancel,
     run_clone_initial,
     run_get_managed,
-    run_launch_submission,
     run_resume,
 )
+from webapp.views_runs import launch_submitted
 from webapp.workers import plan_summary
 
 api = NinjaAPI(
@@ -205,7 +207,7 @@ def _launch_answer(launched: Launched | None, form) -> Status:
         "runs": launched.runs,
         "experiment": experiment.name if experiment else None,
         "again": launched.again,
-        "plan": plan_summary(form.placement) if form.placement is not None else None,
+        "plan": plan_summary(launched.placement) if launched.placement is not None else None,
     }
     return Status(200 if launched.again else 201, body)
 
@@ -218,7 +220,7 @@ def launch(request: HttpRequest, body: LaunchIn):
     _require_launch(user)
     base = body.base if body.base is not None else preset_base(body.preset)
     form = launch_form(body, base=base, defaults={"preset": body.preset})
-    return _launch_answer(run_launch_submission(user, form), form)
+    return _launch_answer(launch_submitted(user, form), form)
 
 
 @api.post("/plan", response={200: PlanOut, 403: Error, 422: Refused}, tags=["runs"])
@@ -229,13 +231,13 @@ def plan(request: HttpRequest, body: LaunchIn):
     _require_launch(caller(request).user)
     base = body.base if body.base is not None else preset_base(body.preset)
     form = launch_form(body, base=base, defaults={"preset": body.preset})
-    form.is_valid()
-    if form.placement is not None:
-        return plan_summary(form.placement)
-    if form.plan_error:
-        detail = f"the launch cannot be planned (it would launch unchecked): {form.plan_error}"
-        return Status(422, {"detail": detail, "errors": {"plan": [form.plan_error]}})
-    return Status(422, {"detail": "the launch was refused", "errors": form_errors(form)})
+    if not form.is_valid():
+        return Status(422, {"detail": "the launch was refused", "errors": form_errors(form)})
+    try:
+        return plan_summary(launch_placement(form.config, form.spec))
+    except PlanError as err:
+        detail = f"the launch cannot be planned (it would launch unchecked): {err}"
+        return Status(422, {"detail": detail, "errors": {"plan": [str(err)]}})
 
 
 @api.post("/runs/{run_id}/clone", response=LAUNCH_RESPONSES, tags=["runs"])
@@ -245,7 +247,7 @@ def clone(request: HttpRequest, run_id: PathId, body: LaunchChanges):
     _require_launch(user)
     initial = run_clone_initial(run_get(user, run_id))
     form = launch_form(body, base=initial.pop("base"), defaults=initial)
-    return _launch_answer(run_launch_submission(user, form), form)
+    return _launch_answer(launch_submitted(user, form), form)
 
 
 @api.post("/runs/{run_id}/resume", response={201: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])

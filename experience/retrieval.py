@@ -1,4 +1,4 @@
-"""Retrieval diversification (DESIGN.md §3.3), as pure functions testable on hand-made scores.
+"""Retrieval diversification (docs/design.md §3.3), as pure functions testable on hand-made scores.
 
     s = s_rank − λ·log(1 + retrieval_count) − 1[retrieved within the last ``window`` seconds]
 

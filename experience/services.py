@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
+from celery import current_app
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
@@ -141,14 +142,14 @@ def _run_import(job: ImportJob, source: IO) -> int:
     )  # fmt: skip
 
 
+IMPORT_TASK = "experience.tasks.import_bank"
+"""The task that runs an import job (``experience.tasks``), sent by name: the task calls this module."""
 IMPORT_STALE = timedelta(minutes=10)
 """An import job whose worker has not reported for this long is taken over by a redelivered task."""
 
 
 def import_job_start(run, upload: UploadedFile, *, user=None) -> ImportJob:
     """Keep an uploaded export for a worker (``var/imports``) and queue its import (after commit)."""
-    from experience.tasks import import_bank
-
     folder = Path(settings.VAR_DIR) / "imports"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{uuid.uuid4().hex}.jsonl"
@@ -158,7 +159,7 @@ def import_job_start(run, upload: UploadedFile, *, user=None) -> ImportJob:
     job = ImportJob.objects.create(
         run=run, user=user, file_name=(upload.name or "")[:255], path=str(path), size=upload.size
     )
-    transaction.on_commit(lambda: import_bank.delay(job.pk))
+    transaction.on_commit(lambda: current_app.send_task(IMPORT_TASK, args=[job.pk]))
     return job
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from experience.services import IMPORT_TASK, import_job_run
 
-@shared_task(name="experience.tasks.import_bank", acks_late=True, reject_on_worker_lost=True)
+
+@shared_task(name=IMPORT_TASK, acks_late=True, reject_on_worker_lost=True)
 def import_bank(job_id: int) -> str:
     """Import one uploaded JSONL export (``ImportJob``) into its run's bank; returns the job's status."""
-    from experience.services import import_job_run
-
     return import_job_run(job_id)

@@ -25,9 +25,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from experience.models import Experience, ExperienceChange, Merge
+from experience.services import experience_import
+from trainer.checkpoint import config_changes
 from trainer.config import ConfigError
 from trainer.experiments.spec import Cell, ExperimentSpec
 from trainer.paths import var_dir
+from trainer.rollout.base import native_bf16
 from trainer.runfiles import (
     FAILURES_FILE,
     batch_sizes,
@@ -37,6 +41,8 @@ from trainer.runfiles import (
     write_lines,
 )
 from webapp.models import Experiment, Run
+from webapp.queueing import run_enqueue_on_commit
+from webapp.supervisor import claim_and_train
 
 
 def results_root() -> Path:
@@ -191,9 +197,6 @@ def cell_run(experiment: Experiment, cell: Cell, owner, *, launch_token: str = "
 
 def seed_bank(run: Run, path: Path) -> int:
     """Load a variant's starting bank (the bank's JSONL export format) into a new cell's run."""
-    from experience.models import Experience
-    from experience.services import experience_import
-
     if Experience.objects.filter(run=run).exists():
         return 0
     with path.open(encoding="utf-8") as lines:
@@ -208,8 +211,6 @@ def config_drift(run: Run, cell: Cell) -> str:
 
 
 def _drift(config: dict, cell: Cell) -> str:
-    from trainer.checkpoint import config_changes
-
     changes = config_changes(config, cell.config.to_dict())
     if not cell.config.uses_experience:
         changes = [c for c in changes if not c[0].startswith(("extractor.", "experience."))]
@@ -278,8 +279,6 @@ def experiment_run(
     live cell is left to its worker; an unfinished cell whose run was started under another config than
     the file's is not resumed (restart it, or put the file back).
     """
-    from webapp.services import _enqueue
-
     experiment = experiment_sync(spec, owner, shared=shared)
     wanted, again = set(only), set(restart)
     for state in experiment_cells(experiment, spec):
@@ -318,7 +317,7 @@ def experiment_run(
             status = train_cell_here(run)
             say(f"{cell.key}: {status}")
         else:
-            transaction.on_commit(lambda pk=run.pk: _enqueue(pk))  # a worker must find the run committed
+            run_enqueue_on_commit(run.pk)
             say(f"{cell.key}: {was} -> queued, {how} (run {run.pk})")
     return experiment
 
@@ -327,8 +326,6 @@ def emulated_bf16_note(cell: Cell) -> str:
     """A warning for a cell whose engines run bfloat16 on a machine that emulates it (an AVX2-only CPU):
     it trains correctly but several times slower than where the cell's results were measured (vLLM's
     bf16 GEMMs run in float32 on such a machine: as fast as float32, itself 5-6x slower than native bf16)."""
-    from trainer.rollout.base import native_bf16
-
     if cell.config.rollout.dtype != "bfloat16" or native_bf16():
         return ""
     return (
@@ -343,8 +340,6 @@ def train_cell_here(run: Run) -> str:
     own (``webapp.supervisor``): every cell starts from the code as it is now and gives its memory back when
     it ends, and a cell whose process dies resumes from its checkpoint (or fails alone while the grid goes
     on)."""
-    from webapp.supervisor import claim_and_train
-
     status = claim_and_train(run, worker="experiment")
     run.refresh_from_db()
     return run.status if status.startswith("run ") else status
@@ -394,8 +389,6 @@ def cell_record(run: Run) -> dict:
 
 
 def bank_changes(run: Run) -> Iterable[dict]:
-    from experience.models import ExperienceChange
-
     changes = ExperienceChange.objects.filter(run=run).order_by("id")
     for c in changes.iterator(chunk_size=500):
         after = c.after or {}
@@ -415,8 +408,6 @@ def bank_changes(run: Run) -> Iterable[dict]:
 
 
 def bank_merges(run: Run) -> Iterable[dict]:
-    from experience.models import Merge
-
     for m in Merge.objects.filter(run=run).order_by("id").iterator(chunk_size=200):
         yield {
             "id": m.pk,

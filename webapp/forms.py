@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 import unicodedata
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,8 @@ from experience.transfer import CONTENT_MAX, FILE_MAX_BYTES, TITLE_MAX
 from trainer import envs, paths
 from trainer.config import METHODS, PRESETS, ConfigError, RunConfig, get_preset
 from trainer.experiments.spec import ExperimentSpec
-from trainer.plan import PlanError
-from webapp.models import Experiment, Run
-from webapp.workers import Placement, place_all
+from webapp.models import Run
+from webapp.selectors import ConfigTemplate, TemplateStart, config_templates, template_start
 
 ABLATIONS = (
     "no_split",
@@ -154,85 +151,16 @@ def _field_for(message: str) -> str | None:
     return None
 
 
-# ---- launch templates: the config files in configs/ and configs/experiments/ ---------------------------
-
-TEMPLATE_SUFFIXES = (".toml", ".json")
-
-
-@dataclass(frozen=True)
-class ConfigTemplate:
-    """A config file the launch form can start from; its leading comment is its help text."""
-
-    name: str
-    """Its path under ``configs/``: ``cpu-room-random-grpo.toml``, ``experiments/room-random.toml``."""
-    path: Path
-    help: str
-    experiment: bool
-    """An experiment file (methods × seeds), not a run's config."""
-    variants: tuple[str, ...] = ()
-    """An experiment's variants (arms beyond its methods): the form cannot launch them."""
-
-
-def configs_dir() -> Path:
-    return paths.REPO_ROOT / "configs"
-
-
-def leading_comment(text: str) -> str:
-    """The ``#`` lines a file starts with, without the ``#`` (indentation inside the comment kept)."""
-    lines: list[str] = []
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line[1:].removeprefix(" ").rstrip())
-    return "\n".join(lines).strip("\n")
-
-
-def _read_table(path: Path) -> dict[str, Any]:
-    """A TOML or JSON file's top-level table ({} if it is not one)."""
-    try:
-        data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
-    except (ValueError, tomllib.TOMLDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def config_templates() -> list[ConfigTemplate]:
-    """Every run config in ``configs/`` and every experiment in ``configs/experiments/``, by name."""
-    root = configs_dir()
-    found = []
-    for folder, experiment in ((root, False), (root / "experiments", True)):
-        for path in sorted(folder.glob("*")):
-            if path.suffix not in TEMPLATE_SUFFIXES or not path.is_file():
-                continue
-            variants = _read_table(path).get("variants", []) if experiment else []
-            names = tuple(str(v.get("name", "")) for v in variants if isinstance(v, dict))
-            help_text = leading_comment(path.read_text())
-            found.append(ConfigTemplate(str(path.relative_to(root)), path, help_text, experiment, names))
-    return found
-
-
-def _free_experiment_name(name: str, owner) -> str:
-    """``name``, or ``name-2``, ``name-3`` ... when ``owner`` has an experiment called that already (each
-    owner names experiments in a namespace of their own)."""
-    taken = set(Experiment.objects.filter(owner=owner, name__startswith=name).values_list("name", flat=True))
-    return next(n for n in [name, *(f"{name}-{i}" for i in range(2, 1000))] if n not in taken)[:80]
-
-
-def template_initial(template: ConfigTemplate, owner=None) -> dict[str, Any]:
+def template_initial(start: TemplateStart) -> dict[str, Any]:
     """The launch form's values for a template: a run config as it is; an experiment's first cell (its
     base, budget, first method and first seed) with its name, methods and seeds in the experiment fields."""
-    if not template.experiment:
-        config = RunConfig.from_file(template.path)
-        preset = _read_table(template.path).get("preset")
-        return config_initial(config) | {"preset": preset if preset in PRESETS else "cpu"}
-    spec = ExperimentSpec.from_file(template.path)
-    method = spec.methods[0] if spec.methods else spec.variants[0].method
-    config = spec.base.with_overrides(**spec.budget, method=method, seed=min(spec.seeds))
-    return config_initial(config) | {
-        "name": spec.description[:150],
-        "experiment": _free_experiment_name(spec.name, owner),
-        "experiment_methods": list(spec.methods),
-        "experiment_seeds": list(spec.seeds),
+    if start.spec is None:
+        return config_initial(start.config) | {"preset": start.preset if start.preset in PRESETS else "cpu"}
+    return config_initial(start.config) | {
+        "name": start.spec.description[:150],
+        "experiment": start.experiment_name,
+        "experiment_methods": list(start.spec.methods),
+        "experiment_seeds": list(start.spec.seeds),
     }
 
 
@@ -356,10 +284,6 @@ class LaunchForm(forms.Form):
             self.initial.setdefault("submission", uuid.uuid4().hex)
         self.config: RunConfig | None = None
         self.spec: ExperimentSpec | None = None
-        self.placement: Placement | None = None
-        """Where the launch goes and its plan (``webapp.workers.place``), once the form is judged."""
-        self.plan_error = ""
-        """Why no plan could be made (a model of a shape the plan cannot read): the launch goes unchecked."""
 
     def clean_actor_model(self) -> str:
         return clean_model_path(self.cleaned_data["actor_model"])
@@ -427,22 +351,21 @@ class LaunchForm(forms.Form):
         self.config = config
         if data.get("experiment"):
             self.spec = self._experiment_spec(config, data)
-        if not self.errors:
-            self._place(config)
         return data
 
-    def _place(self, config: RunConfig) -> None:
-        """Judge the launch by its plan on the workers' devices (``webapp.workers``): refused, with the plan's
-        numbers and a fix, when no worker can run it (an experiment: when one of its methods cannot run). A
-        model whose shape the plan cannot read is launched unchecked, as before plans (``plan_error``)."""
-        methods = list(self.spec.methods) if self.spec is not None else [config.method]
-        try:
-            self.placement = place_all([config.with_overrides(method=m) for m in methods])
-        except PlanError as err:  # a model of a shape the plan does not know: launched unchecked
-            self.plan_error = str(err)
-            return
-        if self.placement.refusal:
-            self.add_error(None, self.placement.refusal)
+    def launch_arguments(self) -> dict[str, Any]:
+        """A valid form's launch as ``webapp.services.run_launch`` takes it: the checked config, the grid
+        (an experiment), and how its runs are named, tagged, shared and seeded."""
+        data = self.cleaned_data
+        return {
+            "config": self.config,
+            "spec": self.spec,
+            "name": data["name"],
+            "tags": data["tags"],
+            "shared": data["shared"],
+            "n_seeds": data["n_seeds"],
+            "launch_token": data["submission"],
+        }
 
     def _experiment_spec(self, config: RunConfig, data: dict[str, Any]) -> ExperimentSpec | None:
         """The grid this form launches: the form's config as the base, its budget shared by every cell."""
@@ -480,10 +403,7 @@ class LaunchForm(forms.Form):
     def for_template(cls, name: str, owner=None) -> LaunchForm:
         """The form filled from the template ``name`` for ``owner``; ConfigError if there is none or it is
         invalid."""
-        template = next((t for t in config_templates() if t.name == name), None)
-        if template is None:
-            raise ConfigError(f"no template {name!r} in configs/")
-        return cls(initial=template_initial(template, owner) | {"template": name})
+        return cls(initial=template_initial(template_start(name, owner)) | {"template": name})
 
     @property
     def chosen_template(self) -> ConfigTemplate | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,13 +11,20 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Case, Count, F, FloatField, OuterRef, Q, QuerySet, Subquery, When
+from django.db.models import Case, Count, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, NullIf
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 
+from experience import selectors as bank
+from experience.embedding import embedder_warming_up
+from experience.models import Experience, SearchAsk
+from trainer import paths
+from trainer.config import ConfigError, RunConfig
+from trainer.experiments.spec import ExperimentSpec
 from webapp import charts
+from webapp.celery import app
 from webapp.models import EpisodeRecord, Experiment, MetricRow, Run, RunQuerySet
 
 RUN_SORTS = {
@@ -104,8 +112,6 @@ def worker_status() -> dict[str, Any]:
     """Celery workers answering a ping (cached a few seconds) and the number of queued runs."""
     workers = cache.get("studio:workers")
     if workers is None:
-        from webapp.celery import app
-
         try:
             replies = app.control.inspect(timeout=0.5).ping() or {}
         except Exception:  # broker down: no worker can take a run either
@@ -113,6 +119,95 @@ def worker_status() -> dict[str, Any]:
         workers = sorted(replies)
         cache.set("studio:workers", workers, WORKER_CACHE_S)
     return {"workers": workers, "queued": Run.objects.filter(status=Run.Status.QUEUED).count()}
+
+
+# ---- launch templates: the config files in configs/ and configs/experiments/ ---------------------------
+
+TEMPLATE_SUFFIXES = (".toml", ".json")
+
+
+@dataclass(frozen=True)
+class ConfigTemplate:
+    """A config file the launch form can start from; its leading comment is its help text."""
+
+    name: str
+    """Its path under ``configs/``: ``cpu-room-random-grpo.toml``, ``experiments/room-random.toml``."""
+    path: Path
+    help: str
+    experiment: bool
+    """An experiment file (methods × seeds), not a run's config."""
+    variants: tuple[str, ...] = ()
+    """An experiment's variants (arms beyond its methods): the form cannot launch them."""
+
+
+def configs_dir() -> Path:
+    return paths.REPO_ROOT / "configs"
+
+
+def leading_comment(text: str) -> str:
+    """The ``#`` lines a file starts with, without the ``#`` (indentation inside the comment kept)."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].removeprefix(" ").rstrip())
+    return "\n".join(lines).strip("\n")
+
+
+def _read_table(path: Path) -> dict[str, Any]:
+    """A TOML or JSON file's top-level table ({} if it is not one)."""
+    try:
+        data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    except (ValueError, tomllib.TOMLDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def config_templates() -> list[ConfigTemplate]:
+    """Every run config in ``configs/`` and every experiment in ``configs/experiments/``, by name."""
+    root = configs_dir()
+    found = []
+    for folder, experiment in ((root, False), (root / "experiments", True)):
+        for path in sorted(folder.glob("*")):
+            if path.suffix not in TEMPLATE_SUFFIXES or not path.is_file():
+                continue
+            variants = _read_table(path).get("variants", []) if experiment else []
+            names = tuple(str(v.get("name", "")) for v in variants if isinstance(v, dict))
+            help_text = leading_comment(path.read_text())
+            found.append(ConfigTemplate(str(path.relative_to(root)), path, help_text, experiment, names))
+    return found
+
+
+@dataclass(frozen=True)
+class TemplateStart:
+    """What a template starts the launch form from: a run config and the preset it names, or an experiment's
+    first cell (``config``) with its grid (``spec``) and a name its owner has not used yet."""
+
+    config: RunConfig
+    preset: str | None = None
+    spec: ExperimentSpec | None = None
+    experiment_name: str = ""
+
+
+def template_start(name: str, owner=None) -> TemplateStart:
+    """The template ``name`` read for ``owner``; ConfigError if there is none or it is invalid."""
+    template = next((t for t in config_templates() if t.name == name), None)
+    if template is None:
+        raise ConfigError(f"no template {name!r} in configs/")
+    if not template.experiment:
+        preset = _read_table(template.path).get("preset")
+        return TemplateStart(RunConfig.from_file(template.path), preset=preset)
+    spec = ExperimentSpec.from_file(template.path)
+    method = spec.methods[0] if spec.methods else spec.variants[0].method
+    config = spec.base.with_overrides(**spec.budget, method=method, seed=min(spec.seeds))
+    return TemplateStart(config, spec=spec, experiment_name=free_experiment_name(spec.name, owner))
+
+
+def free_experiment_name(name: str, owner) -> str:
+    """``name``, or ``name-2``, ``name-3`` ... when ``owner`` has an experiment called that already (each
+    owner names experiments in a namespace of their own)."""
+    taken = set(Experiment.objects.filter(owner=owner, name__startswith=name).values_list("name", flat=True))
+    return next(n for n in [name, *(f"{name}-{i}" for i in range(2, 1000))] if n not in taken)[:80]
 
 
 # ---- metrics -------------------------------------------------------------------------------------
@@ -213,6 +308,33 @@ def latest_values(run_id: int, kind: str) -> dict[str, Any]:
     return row or {"step": None, "values": {}}
 
 
+NONFINITE_GRAD_STEPS = {"actor": "actor/nonfinite_grad_steps", "extractor": "extractor/nonfinite_grad_steps"}
+"""Per part, the train metric that is 1.0 on a step whose optimiser step was skipped because the gradient
+norm was NaN or inf (the trainer leaves the weights and the optimiser state as they were), else 0.0."""
+
+
+def skipped_optimizer_steps(run: Run) -> dict[str, int]:
+    """How many optimiser steps of each part (actor, extractor) were skipped for a gradient norm that was not
+    finite, for the parts that skipped any: a run whose updates keep blowing up learns nothing from them."""
+    rows = MetricRow.objects.filter(run=run, kind=MetricRow.Kind.TRAIN)
+    totals = rows.aggregate(
+        **{
+            part: Sum(Cast(KeyTextTransform(key, "values"), FloatField()))
+            for part, key in NONFINITE_GRAD_STEPS.items()
+        }
+    )
+    return {part: round(total) for part, total in totals.items() if total and round(total) > 0}
+
+
+def skipped_step_warnings(run: Run) -> dict[str, str]:
+    """The run page's warning for each part that skipped optimiser steps (``skipped_optimizer_steps``)."""
+    return {
+        part: f"{n} {part} optimiser step{'s were' if n != 1 else ' was'} skipped because the gradient norm "
+        "was not finite (NaN or inf); lower the learning rate or check the run's data."
+        for part, n in skipped_optimizer_steps(run).items()
+    }
+
+
 def rank_table(run_id: int) -> dict[str, Any]:
     """The newest step's per-process figures of a torchrun run (``rank/<r>/<name>`` metrics, written by
     ``TrainingLoop.rank_metrics``): ``{"step", "ranks": [{"rank", "episodes", "tokens_per_s", "rss_gib"}]}``
@@ -254,8 +376,6 @@ def run_log_tail(run: Run, lines: int = 200) -> str:
 
 def run_traces(run: Run, limit: int = 30) -> list[Any]:
     """The newest Search-and-Ask exchanges of the run (query, entry found, refined answer)."""
-    from experience.models import SearchAsk
-
     return list(SearchAsk.objects.filter(run=run).select_related("experience").order_by("-id")[:limit])
 
 
@@ -333,8 +453,6 @@ class BankSearch:
 def bank_search(q: str, asked: str, limit: int = BANK_PAGE_SIZE) -> BankSearch:
     """By meaning unless full text was asked for, or the model is still loading: a search never waits for it
     (the web server starts loading it as it starts)."""
-    from experience.embedding import embedder_warming_up
-
     if asked != "text" and not embedder_warming_up():
         return BankSearch(
             "semantic",
@@ -360,8 +478,6 @@ def bank_entries(run: Run, *, q: str = "", mode: str = "semantic", scope: str = 
 
 def bank_browse(run: Run, *, scope: str = "", sort: str = "recent", pinned: bool = False) -> QuerySet:
     """A run's live bank in the chosen order, lazily: the bank page without a search, and the API's pages."""
-    from experience import selectors as bank
-
     qs = bank.experience_list(run, scope=scope or None, pinned=True if pinned else None)
     if sort == "success":
         rate = Cast("guided_successes", FloatField()) / NullIf(
@@ -373,15 +489,11 @@ def bank_browse(run: Run, *, scope: str = "", sort: str = "recent", pinned: bool
 
 def bank_entry(run: Run, entry_id: int) -> Any:
     """One entry of this run's bank (deleted ones too, for undo), else 404."""
-    from experience.models import Experience
-
     return get_object_or_404(Experience.objects.defer("embedding"), pk=entry_id, run=run)
 
 
 def banks_overview(user) -> list[Run]:
     """Visible runs that have a bank, with its live size, biggest first."""
-    from django.db.models import Count
-
     live = Q(experiences__deleted_at__isnull=True)
     qs = Run.objects.visible_to(user).annotate(bank_size=Count("experiences", filter=live))
     return list(qs.filter(bank_size__gt=0).select_related("owner").order_by("-bank_size", "-id")[:200])
@@ -403,8 +515,6 @@ def bank_search_across(
 def _search_one(run: Run, q: str, mode: str, *, scope: str | None = None, limit: int) -> Any:
     """One bank's matches: by meaning above SEMANTIC_MIN_SIMILARITY (``similarity``), or full text
     (``rank``)."""
-    from experience import selectors as bank
-
     if mode == "semantic":
         return bank.experience_semantic_search(
             run, q, scope=scope, limit=limit, min_similarity=SEMANTIC_MIN_SIMILARITY

@@ -1,23 +1,25 @@
-"""Writes on runs: create (N seeds), cancel, resume. Views and tasks call these; they hold the rules."""
+"""Writes on runs: launch (runs or an experiment's grid, from a checked config), create (N seeds), cancel,
+resume. Views and tasks call these; they hold the rules and raise ValidationError or RunError for a person."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from trainer.config import ConfigError, RunConfig
+from trainer.config import RunConfig
+from trainer.experiments.spec import ExperimentSpec
 from trainer.plan import PlanError
+from webapp.celery import app
 from webapp.events import broadcast_run_event
+from webapp.experiments import experiment_name_taken, experiment_run
 from webapp.models import Experiment, Run
+from webapp.queueing import run_enqueue_on_commit
 from webapp.selectors import run_get
-from webapp.workers import check, place, registered
-
-if TYPE_CHECKING:
-    from webapp.forms import LaunchForm
+from webapp.workers import Placement, place, place_all
 
 LAUNCH_PERMISSION = "webapp.launch_run"
 """Who may launch, clone and resume runs (Django's model permission until a dedicated one exists)."""
@@ -50,66 +52,6 @@ def run_get_managed(user, run_id: int) -> Run:
     if not can_manage(user, run):
         raise PermissionDenied("only the run's owner may do this")
     return run
-
-
-TRAIN_TASK = "webapp.tasks.train_run"
-
-
-def _send(run_id: int, queue: str | None) -> None:
-    """Send the run to ``queue`` by task name (None: the ``training`` queue settings route it to), so the web
-    process never imports the training code."""
-    from webapp.celery import app
-
-    result = app.send_task(TRAIN_TASK, args=[run_id], queue=queue)
-    Run.objects.filter(pk=run_id).update(celery_task_id=result.id)
-
-
-def run_enqueue(run_id: int) -> None:
-    """Send the run to a worker that can train it (``webapp.workers.place``). One that no live worker can
-    train any more (the one that could left between the launch and now) fails with the plan's reason; a
-    config that cannot be read goes to the training queue, whose worker reports why it cannot train it."""
-    run = Run.objects.get(pk=run_id)
-    try:
-        placement = place(RunConfig.from_dict(run.config))
-    except ConfigError:
-        return _send(run_id, None)
-    if placement.queue is None:
-        run.mark_failed(f"Refused when it was queued: {placement.refusal}")
-        broadcast_run_event(run_id, {"kind": "status", "status": run.display_status})
-        return None
-    return _send(run_id, placement.queue)
-
-
-_enqueue = run_enqueue
-"""What a commit calls for each new run (tests replace it to queue nothing)."""
-
-
-def run_hand_on(run: Run, node: str) -> str | None:
-    """Called by the worker ``node`` before it claims ``run``: None when it can train it (or is not
-    registered); otherwise the run goes to a worker that can (what it says is returned), or fails with the
-    plan's reason when none can, so a worker never trains a run its devices do not fit."""
-    me = registered(node)
-    if me is None:
-        return None
-    try:
-        cfg = RunConfig.from_dict(run.config)
-        mine = check(cfg, me)
-    except ConfigError:
-        return None  # an unreadable config or one with no plan: the training reports why
-    if mine.fits:
-        return None
-    try:
-        placement = place(cfg, exclude=node, queue=me.shared_queue)
-    except ConfigError:  # no other worker (PlanError)
-        placement = None
-    if placement is not None and placement.queue is not None:
-        _send(run.pk, placement.queue)
-        return f"handed on to {placement.queue}"
-    why = placement.refusal if placement is not None else f"no worker can run it: {mine.why_not}"
-    Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).update(
-        status=Run.Status.FAILED, error=f"Refused by {node}: {why}", finished_at=timezone.now()
-    )
-    return Run.Status.FAILED
 
 
 def run_create(
@@ -149,66 +91,88 @@ def run_create(
                 resume_from=resume_from,
                 launch_token=launch_token,
             )
-            transaction.on_commit(lambda run_id=run.id: _enqueue(run_id))
+            run_enqueue_on_commit(run.id)
             runs.append(run)
     return runs
 
 
 @dataclass
 class Launched:
-    """What a launch submission queued: runs, maybe an experiment's cells; ``again`` when an earlier copy
-    of the same submission had queued them already."""
+    """What a launch queued: runs, maybe an experiment's cells; ``again`` when an earlier copy of the same
+    submission had queued them already; ``placement``: where they went and their plan (None: launched
+    unchecked, or launched before)."""
 
     runs: list[Run]
     again: bool = False
+    placement: Placement | None = None
 
     @property
     def experiment(self) -> Experiment | None:
         return self.runs[0].experiment
 
 
-def run_launch_submission(user, form: LaunchForm) -> Launched | None:
-    """Queue what a launch form asks for (the page's and the API's alike): runs, or an experiment's grid.
-    None if the form is invalid (its errors say why). The same submission token posted again (a double click,
-    a retried request) leads to what the first one launched, never to a copy."""
-    token = submission_token(form)
+def launch_placement(config: RunConfig, spec: ExperimentSpec | None = None) -> Placement:
+    """Where a launch goes and its plan on the workers' devices (``webapp.workers.place``); an experiment's
+    is its first refused method's, else its first. PlanError for a model whose shape the plan cannot read."""
+    methods = list(spec.methods) if spec is not None else [config.method]
+    return place_all([config.with_overrides(method=m) for m in methods])
+
+
+def run_launch(
+    *,
+    user,
+    config: RunConfig,
+    spec: ExperimentSpec | None = None,
+    name: str = "",
+    tags: list[str] | None = None,
+    shared: bool = False,
+    n_seeds: int = 1,
+    launch_token: str = "",
+) -> Launched:
+    """Queue a checked launch (the page's and the API's alike): ``n_seeds`` runs of ``config``, or the grid
+    of ``spec``. ValidationError when no worker can run it (the plan's refusal) or ``user`` has an experiment
+    of that name (on the ``experiment`` field). A model the plan cannot read is launched unchecked. The same
+    ``launch_token`` again (a double click, a retried request) leads to what the first launched."""
     with transaction.atomic():
-        if token and (earlier := launched_by(token)):
-            return Launched(earlier, again=True)
-        if not form.is_valid():
-            return None
-        data = form.cleaned_data
-        if form.spec is not None:
-            from webapp.experiments import experiment_name_taken, experiment_run
-
-            if experiment_name_taken(user, form.spec.name):
-                message = f"you have an experiment called {form.spec.name!r} already; choose another name"
-                form.add_error("experiment", message)
-                return None
-            token = data["submission"]
-            experiment = experiment_run(form.spec, user, shared=data["shared"], launch_token=token)
-            return Launched(list(experiment.runs.all()))
-        runs = run_create(
-            user, form.config, name=data["name"], tags=data["tags"], shared=data["shared"],
-            n_seeds=data["n_seeds"], launch_token=data["submission"],
-        )  # fmt: skip
-    return Launched(runs)
+        if earlier := run_launched_again(launch_token):
+            return earlier
+        placement = _launch_placement_or_refusal(config, spec)
+        if spec is None:
+            runs = run_create(
+                user, config, name=name, tags=tags, shared=shared, n_seeds=n_seeds, launch_token=launch_token
+            )
+            return Launched(runs, placement=placement)
+        if experiment_name_taken(user, spec.name):
+            message = f"you have an experiment called {spec.name!r} already; choose another name"
+            raise ValidationError({"experiment": message})
+        experiment = experiment_run(spec, user, shared=shared, launch_token=launch_token)
+        return Launched(list(experiment.runs.all()), placement=placement)
 
 
-def submission_token(form: LaunchForm) -> str:
-    """The form's submission token if the form's own field accepts it, else "" (a malformed one is the
-    form's error to name, never a database lookup)."""
+def _launch_placement_or_refusal(config: RunConfig, spec: ExperimentSpec | None) -> Placement | None:
+    """The launch's placement; ValidationError with the plan's numbers and a fix when no worker can run it;
+    None (unchecked, as before plans) for a model whose shape the plan cannot read."""
     try:
-        return form.fields["submission"].clean(form.data.get("submission", ""))
-    except ValidationError:
-        return ""
+        placement = launch_placement(config, spec)
+    except PlanError:
+        return None
+    if placement.refusal:
+        raise ValidationError(placement.refusal)
+    return placement
+
+
+def run_launched_again(launch_token: str) -> Launched | None:
+    """What an earlier copy of this launch submission queued (None: nothing, or no token)."""
+    if not launch_token:
+        return None
+    with transaction.atomic():
+        earlier = launched_by(launch_token)
+    return Launched(earlier, again=True) if earlier else None
 
 
 def launched_by(launch_token: str) -> list[Run]:
     """The runs an earlier copy of this form submission created; call inside a transaction. Holds a lock
     on the token until it ends, so two copies arriving together are serialised."""
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"launch:{launch_token}"])
     return list(Run.objects.filter(launch_token=launch_token).order_by("seed"))
@@ -232,8 +196,6 @@ def run_cancel(run: Run) -> Run:
                     status=Run.Status.CANCELLED, finished_at=now, error="cancelled after its worker was lost"
                 )
     if run.celery_task_id and queued:
-        from webapp.celery import app
-
         app.control.revoke(run.celery_task_id)
     run.refresh_from_db()
     transaction.on_commit(

@@ -14,8 +14,12 @@ from celery.signals import worker_ready
 from django.db import connection
 from django.db.models import F
 
+from trainer.config import ConfigError
+from trainer.models import ModelNotFound
 from webapp.events import broadcast_run_event
 from webapp.models import Run
+from webapp.queueing import run_enqueue, run_hand_on
+from webapp.supervisor import MAX_RESTARTS, claim_and_train
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +43,8 @@ def train_run(self, run_id: int) -> str:
 
     A run whose worker died (heartbeat stale, or its claiming process gone) is claimed again when its task
     is redelivered or requeued (``requeue_lost_runs``), and resumes from its last checkpoint. A run this
-    worker's devices do not fit is handed on to one whose do (``webapp.services.run_hand_on``).
+    worker's devices do not fit is handed on to one whose do (``webapp.queueing.run_hand_on``).
     """
-    from webapp.services import run_hand_on
-    from webapp.supervisor import claim_and_train  # trains in a child process; this one stays light
-
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return f"run {run_id} does not exist"
@@ -66,9 +67,6 @@ def requeue_lost_runs() -> list[int]:
     """Put runs no process is training (``Run.is_lost``: their worker died with them) back on the training
     queue, to resume from their last checkpoint on any worker, or fail those resumed ``MAX_RESTARTS``
     times already; returns the requeued ids. The conditional update makes it safe on several workers."""
-    from webapp.services import run_enqueue
-    from webapp.supervisor import MAX_RESTARTS
-
     requeued = []
     for run in Run.objects.filter(status=Run.Status.RUNNING):
         if not run.is_lost:
@@ -111,9 +109,6 @@ def start_lost_run_sweep(sender, **kwargs) -> None:
 
 def failure_message(exc: BaseException) -> str:
     """What a person sees on the run page: what went wrong, what to do, then the traceback."""
-    from trainer.config import ConfigError
-    from trainer.models import ModelNotFound
-
     name = type(exc).__name__
     if isinstance(exc, ConfigError):
         head = f"Invalid configuration: {exc}. Fix it and launch again (or clone this run)."

@@ -2,31 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from trainer.config import PRESETS, ConfigError
+from trainer.plan import PlanError
 from webapp.charts import flatten
 from webapp.forms import ID_MAX, LaunchForm, config_initial, int_param
 from webapp.models import Run
-from webapp.selectors import latest_values, rank_table, run_get, run_log_tail, run_metrics, run_traces
+from webapp.selectors import (
+    latest_values,
+    rank_table,
+    run_get,
+    run_log_tail,
+    run_metrics,
+    run_traces,
+    skipped_step_warnings,
+)
 from webapp.services import (
+    Launched,
     RunError,
     can_launch,
     can_manage,
+    launch_placement,
     run_cancel,
     run_clone_initial,
     run_get_managed,
-    run_launch_submission,
+    run_launch,
+    run_launched_again,
     run_resume,
 )
 from webapp.workers import plan_display
 
 
-def run_launch(request: HttpRequest) -> HttpResponse:
+def run_launch_view(request: HttpRequest) -> HttpResponse:
     """The launch form. GET ?preset=NAME starts from a preset, ?template=NAME from a file in configs/
     (htmx swaps the form when either is picked), ?clone=ID from a run's config."""
     if not can_launch(request.user):
@@ -56,14 +71,41 @@ def run_launch_plan(request: HttpRequest) -> HttpResponse:
     if not can_launch(request.user):
         raise PermissionDenied("you may not launch runs")
     form = LaunchForm(request.POST)
-    form.is_valid()
-    plan = plan_display(form.placement) if form.placement is not None else None
-    return render(request, "webapp/_launch_plan.html", {"form": form, "plan": plan})
+    context = {"form": form, "plan": None, "plan_error": ""}
+    if form.is_valid():
+        try:
+            context["plan"] = plan_display(launch_placement(form.config, form.spec))
+        except PlanError as err:  # a model of a shape the plan does not know: it would launch unchecked
+            context["plan_error"] = str(err)
+    return render(request, "webapp/_launch_plan.html", context)
+
+
+def launch_submitted(user, form: LaunchForm) -> Launched | None:
+    """Queue what a launch form asks for (the page's and the API's alike): the form checks the values into a
+    config, ``run_launch`` places and queues it. None when the form or the launch is refused: the form's
+    errors then say why (the launch's on the field at fault, or the form's own). A copy of a submission that
+    launched already leads to what it launched, even one the form would now refuse."""
+    if not form.is_valid():
+        return run_launched_again(submission_token(form))
+    try:
+        return run_launch(user=user, **form.launch_arguments())
+    except ValidationError as err:
+        form.add_error(None, err)
+        return None
+
+
+def submission_token(form: LaunchForm) -> str:
+    """The form's submission token if the form's own field accepts it, else "" (a malformed one is the
+    form's error to name, never a database lookup)."""
+    try:
+        return form.fields["submission"].clean(form.data.get("submission", ""))
+    except ValidationError:
+        return ""
 
 
 def _launch(request: HttpRequest, form: LaunchForm) -> HttpResponse:
-    """Queue what a valid launch form asks for (``run_launch_submission``) and say so."""
-    launched = run_launch_submission(request.user, form)
+    """Queue what a valid launch form asks for (``launch_submitted``) and say so."""
+    launched = launch_submitted(request.user, form)
     if launched is None:
         return render(request, "webapp/launch.html", {"form": form}, status=400)
     experiment, n = launched.experiment, len(launched.runs)
@@ -117,6 +159,15 @@ PARTIALS = {
     "run-log": "webapp/_run_log.html",
     "run-processes": "webapp/_run_processes.html",
 }
+REGION_READS: dict[str, dict[str, Callable[[Run], Any]]] = {
+    "webapp/_run_header.html": {"skipped_steps": skipped_step_warnings},
+    "webapp/_trace_feed.html": {"traces": run_traces},
+    "webapp/_latest_eval.html": {"latest_eval": lambda run: latest_values(run.id, "eval")},
+    "webapp/_run_log.html": {"log": run_log_tail},
+    "webapp/_run_processes.html": {"processes": lambda run: rank_table(run.id)},
+}
+"""What each live region reads beyond the run (the selectors behind it): the page reads them all, an htmx
+request for one region only its own."""
 
 
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -129,22 +180,9 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "can_launch": can_launch(request.user),
     }
     partial = PARTIALS.get(request.htmx.target) if request.htmx else None
-    if partial == "webapp/_trace_feed.html":
-        context["traces"] = run_traces(run)
-    if partial == "webapp/_latest_eval.html":
-        context["latest_eval"] = latest_values(run.id, "eval")
-    if partial == "webapp/_run_log.html":
-        context["log"] = run_log_tail(run)
-    if partial == "webapp/_run_processes.html":
-        context["processes"] = rank_table(run.id)
+    for region in [partial] if partial else REGION_READS:
+        context |= {key: read(run) for key, read in REGION_READS.get(region, {}).items()}
     if partial:
         return render(request, partial, context)
-    context |= {
-        "metrics": run_metrics(run),
-        "latest_eval": latest_values(run.id, "eval"),
-        "traces": run_traces(run),
-        "log": run_log_tail(run),
-        "config_rows": sorted(flatten(run.config).items()),
-        "processes": rank_table(run.id),
-    }
+    context |= {"metrics": run_metrics(run), "config_rows": sorted(flatten(run.config).items())}
     return render(request, "webapp/run_detail.html", context)

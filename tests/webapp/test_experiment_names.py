@@ -60,7 +60,7 @@ def test_a_launch_may_reuse_another_users_private_experiment_name_without_learni
     client, launchers, results, monkeypatch
 ):
     alice, bob = launchers
-    monkeypatch.setattr("webapp.services._enqueue", lambda run_id: None)
+    monkeypatch.setattr("webapp.queueing._enqueue", lambda run_id: None)
     assert _launch(client, alice).status_code == 302
     response = _launch(client, bob)
     assert response.status_code == 302 and response["Location"] == reverse("experiment_detail", args=["grid"])
@@ -74,7 +74,7 @@ def test_a_launch_may_reuse_another_users_private_experiment_name_without_learni
 
 def test_a_launch_refuses_only_the_launchers_own_experiment_name(client, launchers, results, monkeypatch):
     alice, _ = launchers
-    monkeypatch.setattr("webapp.services._enqueue", lambda run_id: None)
+    monkeypatch.setattr("webapp.queueing._enqueue", lambda run_id: None)
     _launch(client, alice)
     again = _launch(client, alice)
     page = again.content.decode()

@@ -121,7 +121,7 @@ def test_an_unfinished_cell_is_resumed_and_a_live_one_left_to_its_worker(user, e
     spec = ExperimentSpec.from_file(experiment_file)
     said: list[str] = []
     queued: list[int] = []
-    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    monkeypatch.setattr("webapp.queueing._enqueue", queued.append)
     experiment_run(spec, user, only=["grpo"], say=said.append)
     runs = {r.cell: r for r in Run.objects.filter(experiment__name=spec.name)}
     assert sorted(runs) == ["grpo/s0", "grpo/s1"] and sorted(queued) == sorted(r.pk for r in runs.values())
@@ -144,7 +144,7 @@ def test_a_cell_started_under_another_config_waits_for_a_restart_that_keeps_the_
     spec = ExperimentSpec.from_file(experiment_file)
     said: list[str] = []
     queued: list[int] = []
-    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    monkeypatch.setattr("webapp.queueing._enqueue", queued.append)
     experiment_run(spec, user, only=["grpo/s0"], say=said.append)
     old = Run.objects.get(experiment__name=spec.name, cell="grpo/s0")
     config = old.config  # as if the file had changed since: another lr, a setting that did not exist then
@@ -220,7 +220,7 @@ def commit_results(spec: ExperimentSpec, key: str, lr: float | None = None) -> N
 def test_committed_results_count_as_done_in_a_new_database(user, experiment_file, monkeypatch):
     """var/ (database, checkpoints) stays on its machine; docs/experiments travels with the repository."""
     queued: list[int] = []
-    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    monkeypatch.setattr("webapp.queueing._enqueue", queued.append)
     spec = ExperimentSpec.from_file(experiment_file)
     commit_results(spec, "grpo/s0")
     commit_results(spec, "grpo/s1", lr=0.5)  # made under another lr

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from trainer.config import RunConfig
 from trainer.experiments.spec import ExperimentSpec
-from webapp.forms import config_templates, configs_dir, leading_comment
+from webapp.selectors import config_templates, configs_dir, leading_comment
 from webapp.models import Experiment
 
 pytestmark = pytest.mark.django_db

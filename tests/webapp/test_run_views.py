@@ -327,6 +327,43 @@ def test_the_run_page_shows_curves_config_environment_and_errors_to_the_owner(cl
     assert data["cursor"] == MetricRow.objects.latest("id").id
 
 
+def test_the_run_page_warns_of_optimiser_steps_skipped_for_a_gradient_norm_that_was_not_finite(client, user):
+    run = _run(user)
+    for step, actor, extractor in [(0, 0.0, 0.0), (1, 1.0, 0.0), (2, 1.0, 1.0), (3, 1.0, 0.0), (4, 0.0, 0.0)]:
+        values = {"actor/nonfinite_grad_steps": actor, "extractor/nonfinite_grad_steps": extractor}
+        MetricRow.objects.create(run=run, step=step, wall_time=float(step), values=values)
+    client.force_login(user)
+    why = (
+        "because the gradient norm was not finite (NaN or inf); lower the learning rate or check the "
+        "run&#x27;s data."
+    )
+    for response in (
+        client.get(reverse("run_detail", args=[run.id])),
+        client.get(
+            reverse("run_detail", args=[run.id]), headers={"HX-Request": "true", "HX-Target": "run-header"}
+        ),
+    ):
+        page = response.content.decode()
+        assert (
+            f'<p class="error" id="run-skipped-actor-steps">3 actor optimiser steps were skipped {why}</p>'
+            in page
+        )
+        assert f'id="run-skipped-extractor-steps">1 extractor optimiser step was skipped {why}</p>' in page
+
+
+def test_the_run_page_has_no_skipped_step_warning_when_every_optimiser_step_was_taken(client, user):
+    run = _run(user)
+    for step in range(3):
+        values = {"actor/nonfinite_grad_steps": 0.0, "extractor/nonfinite_grad_steps": 0.0, "actor/loss": 1.0}
+        MetricRow.objects.create(run=run, step=step, wall_time=float(step), values=values)
+    MetricRow.objects.create(
+        run=_run(user), step=0, wall_time=0.0, values={"actor/nonfinite_grad_steps": 1.0}
+    )
+    client.force_login(user)
+    page = client.get(reverse("run_detail", args=[run.id])).content.decode()
+    assert "run-skipped" not in page and "optimiser step" not in page
+
+
 def test_long_runs_are_thinned_on_the_server_to_a_row_per_bucket_and_the_newest(client, user):
     run = _run(user)
     MetricRow.objects.bulk_create(
@@ -445,7 +482,7 @@ def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(
     client, launcher, monkeypatch, django_capture_on_commit_callbacks
 ):
     queued: list[int] = []
-    monkeypatch.setattr("webapp.services._enqueue", queued.append)
+    monkeypatch.setattr("webapp.queueing._enqueue", queued.append)
     client.force_login(launcher)
     data = _launch_data(experiment="form-grid", experiment_methods=["grpo", "complementary"],
                         experiment_seeds=["0", "2"])  # fmt: skip

@@ -17,7 +17,7 @@ from trainer.config import get_preset
 from trainer.plan import Devices, PlanError
 from webapp.celery import app
 from webapp.models import Run
-from webapp.services import run_hand_on
+from webapp.queueing import run_hand_on
 from webapp.workers import (
     DEVICES_ENV,
     REGISTRY_ENV,
