@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainer.actor import ActorUpdate
 from trainer.assemble import build_engine
+from trainer.checkpoint import Checkpointer
 from trainer.config import get_preset
 from trainer.loop import TrainingLoop, sample_tasks
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
@@ -80,6 +81,7 @@ def main() -> None:
         )
         if name == "vllm":
             model = load_causal_lm(cfg.actor.model_path)
+            actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
             with tempfile.TemporaryDirectory() as out:
                 loop = TrainingLoop(
                     cfg,
@@ -88,7 +90,8 @@ def main() -> None:
                     tokenizer=tokenizer,
                     out_dir=Path(out),
                     reporter=BaseReporter(),
-                    actor=ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator),
+                    actor=actor,
+                    checkpointer=Checkpointer(Path(out), cfg, actor, tokenizer),
                 )
                 breakdown = loop.train_step(1)
         engine.close()

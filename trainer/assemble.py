@@ -1,10 +1,11 @@
-"""One place assembles a run (STYLE.md): read the config, build what its method needs, pick the loop.
+"""One place assembles a run: read the config, build what its method needs, pick the loop (docs/design.md §8).
 
     train(cfg, out_dir=..., store=...)   # every entry point: trainer.train (CLI), the Celery task,
                                          # manage.py train, the experiment runner
 
-- every method: the actor (its model, tokenizer and update, resumed from a checkpoint if asked), the
-  actor's rollout engine, the reporters;
+- every method: the actor (its model, tokenizer and update), the actor's rollout engine, the reporters,
+  and the run's ``Checkpointer``, which resumes the models from a checkpoint if asked and writes the
+  run's checkpoints;
 - methods that use experience (static_online, exp_only, complementary): the experience store (passed in:
   it needs the database), πϕ's engine, πϕ's update when it trains, and ``CoevolutionLoop`` instead of the
   plain ``TrainingLoop``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -28,22 +30,15 @@ import torch
 from trainer import parallel
 from trainer.actor import ActorUpdate
 from trainer.cancel import CancelToken
-from trainer.checkpoint import (
-    SHARDED_DIR,
-    CheckpointState,
-    check_resumable,
-    load_checkpoint,
-    load_sharded,
-    load_sharded_checkpoint,
-    read_checkpoint,
-)
-from trainer.coevolution import METRICS_FILE, STATE_FILE, CoevolutionLoop, HelperRankLoop, work_left
+from trainer.checkpoint import EXTRACTOR_DIR, Checkpointer, CheckpointState, check_resumable, read_checkpoint
+from trainer.coevolution import METRICS_FILE, CoevolutionLoop, HelperRankLoop, work_left
 from trainer.config import ConfigError, ExtractorConfig, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.extractor.model import Extractor
 from trainer.extractor.update import ExtractorUpdate
-from trainer.loop import Metrics, TrainingLoop
+from trainer.loop import TrainingLoop
 from trainer.lora import apply_lora, frozen_in, has_adapter, load_adapter
+from trainer.metrics import Metrics
 from trainer.models import load_causal_lm, load_tokenizer
 from trainer.report import (
     BaseReporter,
@@ -106,10 +101,10 @@ def read_resume_point(cfg: RunConfig, resume: Path | None, out_dir: Path) -> Che
 
 
 def prepare_actor(
-    cfg: RunConfig, out_dir: Path, state: CheckpointState | None, placement: parallel.Placement | None = None
+    cfg: RunConfig, out_dir: Path, placement: parallel.Placement | None = None
 ) -> tuple[Any, Any, ActorUpdate]:
-    """Write the run's config, seed, load the actor (and its optimiser state when resuming) onto the
-    placement's device, sharded over its torchrun group if any (``trainer.parallel``)."""
+    """Write the run's config, seed, load the actor onto the placement's device, sharded over its torchrun
+    group if any (``trainer.parallel``). A resumed run's weights come from its ``Checkpointer``."""
     placement = placement or parallel.init_distributed(cfg.device)
     if parallel.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -119,17 +114,24 @@ def prepare_actor(
     model = apply_lora(load_causal_lm(cfg.actor.model_path), cfg.actor.lora)
     model = parallel.parallelize(model, placement, activation_checkpointing=cfg.actor.gradient_checkpointing)
     model = frozen_in(model, placement.param_dtype)  # a LoRA actor's frozen base: bf16 on CUDA
-    actor = ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
-    if state is not None:
-        load = load_sharded_checkpoint if parallel.is_sharded(model) else load_checkpoint
-        load(state, model=model, optimizer=actor.optimizer)
-    return tokenizer, model, actor
+    return tokenizer, model, ActorUpdate(model, cfg.actor, estimator=cfg.advantage_estimator)
 
 
 def sync_if_stale(actor: ActorUpdate, engine: Engine, state: CheckpointState | None) -> None:
     """The engine must serve the actor's weights: after a resume, or when it served another run before."""
     if state is not None or engine.weight_version != 0:
         actor.sync(engine, max(engine.weight_version, state.engine_version if state else 0) + 1)
+
+
+def resume_models(
+    checkpointer: Checkpointer, actor: ActorUpdate, state: CheckpointState | None, engine: Engine
+) -> None:
+    """Load the checkpoint being resumed (if any) into the models, then have the engines serve them."""
+    checkpointer.load(state)
+    sync_if_stale(actor, engine, state)
+    extractor, update = checkpointer.extractor, checkpointer.extractor_update
+    if update is not None and (extractor.engine.weight_version != 0 or state is not None):
+        update.sync(extractor)
 
 
 def load_extractor_model(x: ExtractorConfig, saved: Path | None) -> torch.nn.Module:
@@ -150,19 +152,18 @@ def build_extractor(
     out_dir: Path | None = None,
     placement: parallel.Placement | None = None,
 ) -> tuple[Extractor, ExtractorUpdate | None]:
-    """πϕ at inference over ``engine``, and its update when the method trains it (resumed with the run),
-    on the placement's device, sharded over its torchrun group like the actor (every rank calls it then).
-    Its unparseable answers go to ``out_dir/extractor_failures.jsonl``."""
+    """πϕ at inference over ``engine``, and its update when the method trains it (its weights resumed with
+    the run, the rest by the ``Checkpointer``), on the placement's device, sharded over its torchrun group
+    like the actor (every rank calls it then). Its unparseable answers go to
+    ``out_dir/extractor_failures.jsonl``."""
     x = cfg.extractor
     update = None
     if cfg.extractor_trains:
-        saved = state.path / "extractor" if state is not None else None
+        saved = state.path / EXTRACTOR_DIR if state is not None else None
         placement = placement or parallel.init_distributed(cfg.device)
         model = load_extractor_model(x, saved)
         model = parallel.parallelize(model, placement, activation_checkpointing=x.gradient_checkpointing)
         update = ExtractorUpdate(frozen_in(model, placement.param_dtype), x)
-        if saved is not None and parallel.is_sharded(update.model):  # its AdamW state, resharded
-            load_sharded(saved / SHARDED_DIR, update.model, update.optimizer)
     extractor = Extractor(
         engine,
         load_tokenizer(x.model_path),
@@ -174,8 +175,6 @@ def build_extractor(
         trajectory_chars=x.trajectory_chars,
         failure_log=Path(out_dir) / FAILURES_FILE if out_dir is not None else None,
     )
-    if update is not None and (engine.weight_version != 0 or state is not None):
-        update.sync(extractor)
     return extractor, update
 
 
@@ -218,63 +217,84 @@ def train(
     out_dir = Path(out_dir)
     make_mixture(cfg.env)  # an unknown env fails before anything loads
     placement = join_group(cfg)
-    if cfg.uses_experience and store is None and parallel.is_main():  # the bank lives on rank 0 alone
+    require_store(cfg, store)
+    state = read_resume_point(cfg, resume, out_dir)
+    tokenizer, _, actor = prepare_actor(cfg, out_dir, placement)
+    with ExitStack() as owned:
+        engine = owned_engine(owned, engine, build_engine, cfg)
+        reporter = run_reporter(cfg, out_dir, reporter, owned)
+        extractor = x_update = None
+        if cfg.uses_experience:  # on every rank: vLLM's external launcher starts an engine with the group
+            extractor_engine = owned_engine(owned, extractor_engine, build_extractor_engine, cfg)
+            logs = out_dir if parallel.is_main() else None  # rank 0 logs πϕ's unparseable answers
+            extractor, x_update = build_extractor(cfg, extractor_engine, state, logs, placement)
+        checkpointer = Checkpointer(
+            out_dir, cfg, actor, tokenizer, placement.distributed, extractor, x_update
+        )
+        resume_models(checkpointer, actor, state, engine)
+        options = dict(retrieve=retrieve, store=store, cancel=cancel, clock=clock)
+        loop = build_loop(cfg, state, checkpointer, actor, engine, reporter, **options)
+        metrics = loop.run()
+        if cfg.uses_experience:
+            parallel.barrier()  # the helper ranks wait for rank 0's extractor work before the group ends
+        return metrics, loop
+
+
+def require_store(cfg: RunConfig, store: ExperienceStore | None) -> None:
+    """A method that uses the experience bank needs its store on rank 0, where the bank lives."""
+    if cfg.uses_experience and store is None and parallel.is_main():
         raise ConfigError(
             f"method {cfg.method!r} uses the experience bank, which needs the database: pass an experience "
             "store (manage.py train makes one)"
         )
-    state = read_resume_point(cfg, resume, out_dir)
-    tokenizer, model, actor = prepare_actor(cfg, out_dir, state, placement)
-    if not parallel.is_main():  # rank 0 alone writes files and reports
-        reporter = BaseReporter()
-    with ExitStack() as owned:
-        if engine is None:
-            engine = build_engine(cfg)
-            owned.callback(engine.close)
-        sync_if_stale(actor, engine, state)
-        trackers = tracker_reporters(cfg, out_dir) if parallel.is_main() else []
-        for tracker in trackers:
-            owned.callback(tracker.close)
-        common = dict(
-            engine=engine,
-            model=model,
-            tokenizer=tokenizer,
-            out_dir=out_dir,
-            reporter=Reporters(reporter or file_reporters(out_dir, ConsoleReporter()), *trackers),
-            actor=actor,
-            start_step=state.step + 1 if state else 1,
-            cancel=cancel or CancelToken(),
-            clock=clock or RunClock(state.elapsed_s if state else 0.0),
-        )
-        if not cfg.uses_experience:
-            loop = TrainingLoop(cfg, retrieve=retrieve, **common)
-            return loop.run(), loop
-        if extractor_engine is None:
-            # on every rank: vLLM's external launcher starts an engine with the whole group (a collective)
-            extractor_engine = build_extractor_engine(cfg)
-            owned.callback(extractor_engine.close)
-        if parallel.is_main():
-            loop = coevolution_loop(cfg, state, store, extractor_engine, placement, **common)
-        else:  # a helper rank: plays free episodes, trains its shards of both models; πϕ's engine idles
-            extractor, x_update = build_extractor(cfg, extractor_engine, state, placement=placement)
-            loop = HelperRankLoop(cfg, extractor=extractor, extractor_update=x_update, **common)
-        metrics = loop.run()
-        parallel.barrier()  # the helper ranks wait for rank 0's extractor work before the group ends
-        return metrics, loop
 
 
-def coevolution_loop(
+def owned_engine(
+    owned: ExitStack, given: Engine | None, build: Callable[[RunConfig], Engine], cfg: RunConfig
+) -> Engine:
+    """``given``, or an engine built here and closed when the run ends."""
+    if given is not None:
+        return given
+    engine = build(cfg)
+    owned.callback(engine.close)
+    return engine
+
+
+def run_reporter(cfg: RunConfig, out_dir: Path, given: Reporter | None, owned: ExitStack) -> Reporter:
+    """Where the run reports: ``given`` (by default its files and the console) and the trackers the config
+    names, closed when the run ends; on rank 0 alone, which writes files and reports."""
+    if not parallel.is_main():
+        return Reporters(BaseReporter())
+    trackers = tracker_reporters(cfg, out_dir)
+    for tracker in trackers:
+        owned.callback(tracker.close)
+    return Reporters(given or file_reporters(out_dir, ConsoleReporter()), *trackers)
+
+
+def build_loop(
     cfg: RunConfig,
     state: CheckpointState | None,
-    store: ExperienceStore,
-    extractor_engine: Engine,
-    placement: parallel.Placement,
-    **common,
-) -> CoevolutionLoop:
-    """Rank 0's (or the one process's) loop of a method that uses experience: πϕ over its engine, trained
-    when the method trains it, with the extractor track's state when resuming."""
-    extractor, x_update = build_extractor(cfg, extractor_engine, state, common["out_dir"], placement)
-    loop = CoevolutionLoop(cfg, store=store, extractor=extractor, extractor_update=x_update, **common)
-    if state is not None and (state.path / "extractor" / STATE_FILE).exists():
-        loop.track.load_state_dict(torch.load(state.path / "extractor" / STATE_FILE, weights_only=False))
+    checkpointer: Checkpointer,
+    actor: ActorUpdate,
+    engine: Engine,
+    reporter: Reporter,
+    *,
+    retrieve: Retriever | None,
+    store: ExperienceStore | None,
+    cancel: CancelToken | None,
+    clock: RunClock | None,
+) -> TrainingLoop:
+    """This rank's loop: the plain ``TrainingLoop``; for a method that uses experience, rank 0's (or the
+    one process's) ``CoevolutionLoop``, its extractor track resumed with the run, or a helper rank's."""
+    common = dict(engine=engine, model=actor.model, tokenizer=checkpointer.tokenizer, reporter=reporter)
+    common |= dict(out_dir=checkpointer.out_dir, actor=actor, checkpointer=checkpointer)
+    common |= dict(start_step=state.step + 1 if state else 1, cancel=cancel or CancelToken())
+    common |= dict(clock=clock or RunClock(state.elapsed_s if state else 0.0))
+    if not cfg.uses_experience:
+        return TrainingLoop(cfg, retrieve=retrieve, **common)
+    common |= dict(extractor=checkpointer.extractor, extractor_update=checkpointer.extractor_update)
+    if not parallel.is_main():  # plays free episodes, trains its shards of both models; πϕ's engine idles
+        return HelperRankLoop(cfg, **common)
+    loop = CoevolutionLoop(cfg, store=store, **common)
+    checkpointer.attach_track(loop.track, state)
     return loop

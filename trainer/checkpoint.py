@@ -1,4 +1,4 @@
-"""Checkpoints: the actor, its optimiser, RNG states, the step, the engine version and the config.
+"""Checkpoints: one ``Checkpointer`` per run writes and loads them; this module alone knows their format.
 
 Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
 
@@ -8,12 +8,15 @@ Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
     optimizer.pt    AdamW state
     rng.pt          Python, NumPy and torch RNG states
     state.json      {"step", "engine_version", "elapsed_s", "config"}
-    extractor/      methods that train πϕ: its model folder, version.json, state.pt (AdamW state and the
-                    credit buffer), written by ``trainer.coevolution``
+    extractor/      methods that use experience: state.pt (the extractor track's state: credit buffer,
+                    counters, unfinished work, and πϕ's AdamW state); when πϕ trains, its model folder
+                    (a LoRA πϕ: its adapter) and version.json
 
-A model sharded over several ranks (``trainer.parallel``) saves its weights and optimiser state with
-``torch.distributed.checkpoint`` instead (``save_sharded``: a ``dcp/`` folder beside the others, one file
-per rank plus DCP's metadata), loadable into any number of ranks (``load_sharded``).
+A run whose models are sharded over a torchrun group (``trainer.parallel``) saves their weights and
+optimiser state with ``torch.distributed.checkpoint`` instead (``save_sharded``: a ``dcp/`` folder, and
+``extractor/dcp/`` for πϕ, one file per rank plus DCP's metadata, in place of ``optimizer.pt``, the adapter
+and πϕ's AdamW state in ``state.pt``), loadable into any number of ranks (``load_sharded``); the whole
+models are still saved as Hugging Face folders beside them.
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a half
 checkpoint that looks complete. Resuming requires the same config as the checkpoint's; only ``steps``
@@ -25,15 +28,15 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from trainer import lora
+from trainer import lora, parallel
 from trainer.config import ConfigError, RunConfig
 
 STATE_FILE = "state.json"
@@ -67,42 +70,6 @@ class CheckpointState:
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
     return Path(out_dir) / "checkpoints" / f"step-{step:06d}"
-
-
-def save_checkpoint(
-    out_dir: Path,
-    step: int,
-    *,
-    model: torch.nn.Module,
-    tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
-    engine_version: int,
-    elapsed_s: float,
-    config: RunConfig,
-    extra: Callable[[Path], None] | None = None,
-) -> Path:
-    """Write the checkpoint of ``step`` under ``out_dir``; returns its folder. ``extra`` writes more parts
-    (the extractor's) into the folder before it is renamed into place."""
-    final = checkpoint_dir(out_dir, step)
-    tmp = final.with_name(final.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if lora.is_lora(model):  # the merged model, which any engine loads, and the adapter a resume loads
-        lora.save_merged(model, tmp / "actor")
-        lora.save_adapter(model, tmp / lora.ADAPTER_DIR)
-    else:
-        model.save_pretrained(tmp / "actor", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "actor")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save(rng, tmp / "rng.pt")
-    state = dict(step=step, engine_version=engine_version, elapsed_s=elapsed_s, config=config.to_dict())
-    if extra is not None:
-        extra(tmp)
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
 
 
 def prune_checkpoints(out_dir: Path, keep: int) -> list[Path]:
@@ -180,38 +147,6 @@ def check_resumable(saved: RunConfig, wanted: RunConfig) -> None:
         )
 
 
-def load_checkpoint(
-    state: CheckpointState, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> None:
-    """Load weights, optimiser and RNG states of ``state`` into the given objects (in place). A LoRA
-    model loads its adapter (``actor_lora/``) onto the base weights it was built from."""
-    from safetensors.torch import load_file
-
-    if lora.is_lora(model):
-        lora.load_adapter(model, state.path / lora.ADAPTER_DIR)
-        _load_optimizer_and_rng(state, optimizer)
-        return
-    weights: dict[str, torch.Tensor] = {}
-    for f in sorted((state.path / "actor").glob("*.safetensors")):
-        weights |= load_file(f)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", ())]
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {state.path} does not fit the actor model (missing {missing[:5]}, unexpected "
-            f"{list(unexpected)[:5]})"
-        )
-    _load_optimizer_and_rng(state, optimizer)
-
-
-def _load_optimizer_and_rng(state: CheckpointState, optimizer: torch.optim.Optimizer) -> None:
-    optimizer.load_state_dict(torch.load(state.path / "optimizer.pt", weights_only=False))
-    rng = torch.load(state.path / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-
-
 # ---- sharded models (torch.distributed.checkpoint) -------------------------------------------------
 
 SHARDED_DIR = "dcp"
@@ -242,65 +177,201 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def save_sharded_checkpoint(
-    out_dir: Path,
-    step: int,
-    *,
-    model: torch.nn.Module,
-    tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
-    engine_version: int,
-    elapsed_s: float,
-    config: RunConfig,
-    extra: Callable[[Path], None] | None = None,
-    shards: Callable[[Path], None] | None = None,
-) -> Path:
-    """``save_checkpoint`` for a model sharded over a torchrun group (every rank calls it): weights and
-    optimiser state in ``dcp/`` (each rank its shards), the whole actor as a Hugging Face folder too (any
-    engine or evaluation loads it), RNG states and ``state.json`` from rank 0; what every rank's ``shards``
-    writes (πϕ's shards) and what rank 0's ``extra`` writes (the extractor track's state, which lives on
-    rank 0). ``out_dir`` must be one folder for every rank (on several nodes: a shared filesystem)."""
-    from trainer import parallel
+# ---- the one writer and reader of a run's checkpoints ----------------------------------------------
 
-    final = checkpoint_dir(out_dir, step)
-    tmp = final.with_name(final.name + ".partial")
-    main = parallel.is_main()
-    if main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    parallel.barrier()
-    save_sharded(tmp / SHARDED_DIR, model, optimizer)
-    weights = parallel.full_state_dict(model)  # a collective: every rank gathers, rank 0 writes
-    if shards is not None:
-        shards(tmp)
-    if main:
-        model.save_pretrained(tmp / "actor", state_dict=weights, safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "actor")
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        torch.save(rng, tmp / "rng.pt")
-        state = dict(step=step, engine_version=engine_version, elapsed_s=elapsed_s, config=config.to_dict())
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-        if extra is not None:
-            extra(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-    parallel.barrier()
-    return final
+EXTRACTOR_DIR = "extractor"
+"""πϕ's part of a checkpoint (methods that use experience)."""
+TRACK_STATE_FILE = "state.pt"
+"""The extractor track's state in ``extractor/``: πϕ's optimiser (one process), credit buffer, counters and
+unfinished work."""
 
 
-def load_sharded_checkpoint(
-    state: CheckpointState, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> None:
-    """``load_checkpoint`` for a sharded model (every rank calls it): its ``dcp/`` folder, resharded to
-    this group, and rank 0's RNG states."""
-    folder = state.path / SHARDED_DIR
-    if not folder.is_dir():
-        raise ValueError(
-            f"checkpoint {state.path} has no {SHARDED_DIR}/ folder: it was saved by one process; resume it "
-            "with nproc = 1"
-        )
-    load_sharded(folder, model, optimizer)
-    rng = torch.load(state.path / "rng.pt", weights_only=False)
+class Trained(Protocol):
+    """A model under training and its optimiser (``ActorUpdate``, ``ExtractorUpdate``)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+class TrackState(Protocol):
+    """The extractor track's side of a checkpoint (``trainer.extractor.track.ExtractorTrack``)."""
+
+    update_lock: Any
+
+    def settle_credits(self) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class Checkpointer:
+    """Writes and loads every checkpoint of one run: built once from its models (``trainer.assemble``); the
+    loop calls ``save`` alone. ``sharded`` (the placement's ``distributed``): the models are sharded over a
+    torchrun group, so weights and optimiser state go through DCP and every rank calls ``save`` and
+    ``load``; else one process writes the plain format. Both hold the whole actor as a Hugging Face
+    folder, RNG states and ``state.json``, so either format evaluates and serves alike."""
+
+    out_dir: Path
+    cfg: RunConfig
+    actor: Trained
+    tokenizer: Any
+    sharded: bool = False
+    extractor: Any = None
+    """πϕ at inference (``trainer.extractor.model.Extractor``): its tokenizer and weight version are saved
+    beside its weights when it trains."""
+    extractor_update: Trained | None = None
+    """πϕ's trainer when the method trains it."""
+    track: TrackState | None = None
+    """The extractor track (rank 0 of a method that uses experience; ``attach_track``)."""
+
+    def attach_track(self, track: TrackState, state: CheckpointState | None) -> None:
+        """Keep ``track``'s state in every checkpoint from now on, resuming it from ``state``'s first (and,
+        on one process, πϕ's optimiser state, which is in the same file)."""
+        self.track = track
+        saved = read_track_state(state.path) if state is not None else None
+        if saved is None:
+            return
+        update = self.extractor_update
+        if update is not None and not self.sharded and saved.get("optimizer") is not None:
+            with track.update_lock:
+                update.optimizer.load_state_dict(saved["optimizer"])
+        track.load_state_dict(saved)
+
+    def save(self, step: int, *, engine_version: int, elapsed_s: float) -> Path:
+        """Write the checkpoint of ``step`` and prune the old ones; returns its folder. Written into a
+        temporary folder that rank 0 renames into place once every part is in. ``out_dir`` must be one
+        folder for every rank (on several nodes: a shared filesystem)."""
+        final = checkpoint_dir(self.out_dir, step)
+        tmp = final.with_name(final.name + ".partial")
+        main = parallel.is_main()
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        self._save_actor(tmp)
+        self._save_extractor(tmp / EXTRACTOR_DIR)
+        if main:
+            torch.save(_rng_states(), tmp / "rng.pt")
+            state = dict(
+                step=step, engine_version=engine_version, elapsed_s=elapsed_s, config=self.cfg.to_dict()
+            )
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
+        self._barrier()
+        return final
+
+    def load(self, state: CheckpointState | None) -> None:
+        """Load ``state``'s weights, optimiser states and RNG states into this run's objects (in place;
+        nothing when not resuming). A plain πϕ's weights came with its model
+        (``trainer.assemble.load_extractor_model``); the extractor track's state comes with
+        ``attach_track``."""
+        if state is None:
+            return
+        if self.sharded:
+            self._load_shards(state.path)
+        else:
+            _load_plain_actor(state.path, self.actor)
+        _set_rng_states(torch.load(state.path / "rng.pt", weights_only=False))
+
+    def _load_shards(self, checkpoint: Path) -> None:
+        """The actor's and a training πϕ's weights and AdamW states from their DCP folders, resharded to
+        this group (every rank calls it)."""
+        if not (checkpoint / SHARDED_DIR).is_dir():
+            raise ValueError(
+                f"checkpoint {checkpoint} has no {SHARDED_DIR}/ folder: it was saved by one process; resume "
+                "it with nproc = 1"
+            )
+        load_sharded(checkpoint / SHARDED_DIR, self.actor.model, self.actor.optimizer)
+        if self.extractor_update is not None:
+            x = self.extractor_update
+            load_sharded(checkpoint / EXTRACTOR_DIR / SHARDED_DIR, x.model, x.optimizer)
+
+    def _barrier(self) -> None:
+        if self.sharded:  # every rank's part in place before rank 0 renames the folder
+            parallel.barrier()
+
+    def _save_actor(self, folder: Path) -> None:
+        """The actor as a Hugging Face folder that any engine loads, and what a resume loads: its DCP
+        shards (every rank), or its optimiser state (and a LoRA actor's adapter) from the one process."""
+        model, optimizer = self.actor.model, self.actor.optimizer
+        if self.sharded:
+            save_sharded(folder / SHARDED_DIR, model, optimizer)
+            weights = parallel.full_state_dict(model)  # a collective: every rank gathers, rank 0 writes
+            if parallel.is_main():
+                model.save_pretrained(folder / "actor", state_dict=weights, safe_serialization=True)
+        elif lora.is_lora(model):  # the merged model, which any engine loads, and the adapter a resume loads
+            lora.save_merged(model, folder / "actor")
+            lora.save_adapter(model, folder / lora.ADAPTER_DIR)
+        else:
+            model.save_pretrained(folder / "actor", safe_serialization=True)
+        if parallel.is_main():
+            self.tokenizer.save_pretrained(folder / "actor")
+        if not self.sharded:
+            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+
+    def _save_extractor(self, folder: Path) -> None:
+        """πϕ's part: a sharded πϕ's shards (every rank) and whole model (rank 0); from rank 0's track, its
+        state (credits settled first) and, on one process, πϕ's weights, under the track's lock so that
+        they are whole; πϕ's tokenizer and weight version when it trains."""
+        update = self.extractor_update
+        if self.sharded and update is not None:
+            save_sharded(folder / SHARDED_DIR, update.model, update.optimizer)
+            weights = parallel.full_state_dict(update.model)  # a collective
+            if parallel.is_main():
+                update.model.save_pretrained(folder, state_dict=weights, safe_serialization=True)
+        if self.track is None:
+            return
+        folder.mkdir(exist_ok=True)
+        with self.track.update_lock:
+            self.track.settle_credits()
+            owned = update is not None and not self.sharded  # a sharded πϕ's AdamW state is in its shards
+            optimizer = update.optimizer.state_dict() if owned else None
+            torch.save({"optimizer": optimizer, **self.track.state_dict()}, folder / TRACK_STATE_FILE)
+            if owned:
+                update.model.save_pretrained(folder, safe_serialization=True)
+        if update is None:
+            return
+        self.extractor.tokenizer.save_pretrained(folder)
+        (folder / "version.json").write_text(json.dumps({"weight_version": self.extractor.expected_version}))
+
+
+def read_track_state(checkpoint: Path) -> dict | None:
+    """The extractor track's state in ``checkpoint`` (None: it has none)."""
+    path = Path(checkpoint) / EXTRACTOR_DIR / TRACK_STATE_FILE
+    return torch.load(path, weights_only=False) if path.exists() else None
+
+
+def _load_plain_actor(checkpoint: Path, actor: Trained) -> None:
+    """Weights and optimiser state saved by one process. A LoRA model loads its adapter (``actor_lora/``)
+    onto the base weights it was built from."""
+    from safetensors.torch import load_file
+
+    model = actor.model
+    if lora.is_lora(model):
+        lora.load_adapter(model, checkpoint / lora.ADAPTER_DIR)
+    else:
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted((checkpoint / "actor").glob("*.safetensors")):
+            weights |= load_file(f)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", ())]
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {checkpoint} does not fit the actor model (missing {missing[:5]}, unexpected "
+                f"{list(unexpected)[:5]})"
+            )
+    actor.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
+
+
+def _rng_states() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_states(rng: dict[str, Any]) -> None:
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])

@@ -1,5 +1,5 @@
 """Complementary RL: the actor's loop with the experience bank and the extractor's background track
-(DESIGN §3.4, §3.5). One code path for every method; the config's derived switches decide what runs:
+(docs/design.md §3.4, §3.5). One code path for every method; the config's derived switches decide what runs:
 
 | method          | actor trains | extractor trains | experience used |
 | grpo            | yes          | no               | never (plain ``TrainingLoop``)  |
@@ -23,7 +23,6 @@ Evaluation reports both columns, with and without experience (``trainer.evaluate
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -31,10 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trainer import parallel
-from trainer.checkpoint import SHARDED_DIR, save_sharded
+from trainer.checkpoint import read_track_state
 from trainer.config import ConfigError, RunConfig
 from trainer.envs.base import make_mixture
 from trainer.extractor.credit import CreditBuffer
@@ -42,7 +39,8 @@ from trainer.extractor.model import DistilRequest, Extractor
 from trainer.extractor.prompts import Step
 from trainer.extractor.track import Credit, ExtractorTrack, TrackJournal
 from trainer.extractor.update import ExtractorUpdate
-from trainer.loop import Metrics, TrainingLoop
+from trainer.loop import TrainingLoop
+from trainer.metrics import Metrics
 from trainer.report import BaseReporter, Progress, Reporter, report_eval_episodes, report_progress
 from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experience, RetrievalQuery
 from trainer.runfiles import last_attempt, read_lines
@@ -52,9 +50,6 @@ TOOL_NOTE = (
     "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
     "<search>your question</search>. At most {limit} questions per episode."
 )
-STATE_FILE = "state.pt"
-"""πϕ's optimiser, credit buffer and unfinished work, in a checkpoint's ``extractor/`` folder (beside its
-weights when the method trains πϕ)."""
 JOURNAL_FILE = "extractor_track.jsonl"
 """The extractor track's finished work, in the run's folder (``trainer.extractor.track.TrackJournal``)."""
 METRICS_FILE = "metrics.jsonl"
@@ -136,7 +131,7 @@ class BankRetriever:
 
 
 class SearchAndAsk:
-    """The runner's intercept for Search-and-Ask (DESIGN §3.3): see the module docstring."""
+    """The runner's intercept for Search-and-Ask (docs/design.md §3.3): see the module docstring."""
 
     def __init__(
         self, store: ExperienceStore, extractor: Extractor, cfg: RunConfig, reporter: Reporter
@@ -357,25 +352,6 @@ class CoevolutionLoop(TrainingLoop):
             metrics["experience/search_and_ask_s"] = self.tool.seconds
         return metrics
 
-    def save_shards(self, folder: Path) -> None:
-        save_extractor_shards(self.extractor_update, folder)
-
-    def save_more(self, folder: Path) -> None:
-        """The track's state (credits settled first) and, when πϕ trains, its weights (a sharded πϕ's:
-        ``save_shards``), in the checkpoint before it is renamed into place."""
-        (folder / "extractor").mkdir(exist_ok=True)
-        with self.track.update_lock:
-            self.track.settle_credits()
-            torch.save(self.track.state_dict(), folder / "extractor" / STATE_FILE)
-            if self.extractor_update is not None and not shares_extractor(self.extractor_update):
-                self.extractor_update.model.save_pretrained(folder / "extractor", safe_serialization=True)
-        if self.extractor_update is None:
-            return
-        self.extractor.tokenizer.save_pretrained(folder / "extractor")
-        (folder / "extractor" / "version.json").write_text(
-            json.dumps({"weight_version": self.extractor.expected_version})
-        )
-
 
 class RankZeroBank:
     """A helper rank's stand-in for the bank in a multi-process run that uses experience. Guided episodes
@@ -388,10 +364,10 @@ class RankZeroBank:
 
 @dataclass
 class HelperRankLoop(TrainingLoop):
-    """Ranks 1..N-1 of a multi-process run that uses experience (DESIGN §7): the actor's loop, making the
-    same collectives as rank 0's ``CoevolutionLoop`` (rollout gathers, sharded updates and syncs of both
-    models, both evaluation columns, checkpoints) while playing the free episodes it owns. The bank, the
-    extractor track and Search-and-Ask live on rank 0 alone, so entries are distilled and written once;
+    """Ranks 1..N-1 of a multi-process run that uses experience (docs/design.md §7): the actor's loop,
+    making the same collectives as rank 0's ``CoevolutionLoop`` (rollout gathers, sharded updates and syncs
+    of both models, both evaluation columns, checkpoints) while playing the free episodes it owns. The bank,
+    the extractor track and Search-and-Ask live on rank 0 alone, so entries are distilled and written once;
     this rank trains its shards of πϕ on the batches rank 0 hands out, and reports nothing."""
 
     extractor: Extractor | None = None
@@ -413,9 +389,6 @@ class HelperRankLoop(TrainingLoop):
         extractor_rounds(self.extractor_update, self.extractor, None, final=False)
         return metrics
 
-    def save_shards(self, folder: Path) -> None:
-        save_extractor_shards(self.extractor_update, folder)
-
 
 ROUND_S = 30.0
 """How long rank 0 drains its extractor track between two rounds at the end of a run whose πϕ is sharded:
@@ -424,7 +397,7 @@ the other ranks wait in each round's broadcast, never near a collective's time-o
 
 def shares_extractor(update: ExtractorUpdate | None) -> bool:
     """πϕ trains sharded over the torchrun group: its updates are collectives every rank joins."""
-    return update is not None and parallel.is_sharded(update.model)
+    return update is not None and parallel.trains_together(update.model)
 
 
 def extractor_rounds(
@@ -449,24 +422,12 @@ def extractor_rounds(
                 track.train(batch)
 
 
-def save_extractor_shards(update: ExtractorUpdate | None, folder: Path) -> None:
-    """A sharded πϕ's part of a checkpoint (every rank calls it): weights and AdamW state in
-    ``extractor/dcp/`` (each rank its shards), the whole model as a Hugging Face folder from rank 0."""
-    if not shares_extractor(update):
-        return
-    save_sharded(folder / "extractor" / SHARDED_DIR, update.model, update.optimizer)
-    weights = parallel.full_state_dict(update.model)  # a collective
-    if parallel.is_main():
-        update.model.save_pretrained(folder / "extractor", state_dict=weights, safe_serialization=True)
-
-
 def work_left(out_dir: Path, checkpoint: Path) -> bool:
     """Whether a checkpoint holds extractor work that the lost attempt did not finish after it (credits to
     settle, items its journal in ``out_dir`` does not list): a run that died after its last step must still
     be resumed to do it."""
-    path = Path(checkpoint) / "extractor" / STATE_FILE
-    if not path.exists():
+    state = read_track_state(checkpoint)
+    if state is None:
         return False
-    state = torch.load(path, weights_only=False)
     done = TrackJournal(Path(out_dir) / JOURNAL_FILE).done
     return bool(state.get("pending_credits")) or any(i.key not in done for i in state.get("unfinished", []))

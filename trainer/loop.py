@@ -1,4 +1,4 @@
-"""The actor's training loop in short phases (DESIGN §3.4, STYLE.md):
+"""The actor's training loop in short phases (docs/design.md §3.4, §8):
 
 sample task instances → rollout (retrieval inside, for guided episodes) → score → advantages and actor
 update → weight sync → report; evaluate every ``eval_every`` steps on the env's frozen eval split through
@@ -6,8 +6,8 @@ the same runner with greedy decoding; checkpoint every ``checkpoint_every`` step
 once ``checkpoint_minutes`` have passed since the last one, and at the end. A set ``cancel`` token stops the
 loop at its next cancellation point (``trainer.cancel``) with neither evaluation nor checkpoint.
 
-The background extractor track (DESIGN §3.4) will run beside this loop and never block it; it reaches the
-loop only through the ``retrieve`` callable and the reporter's episode batches.
+The background extractor track (docs/design.md §3.4) runs beside this loop and never blocks it; it reaches
+the loop only through the ``retrieve`` callable and the reporter's episode batches (``trainer.coevolution``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import torch
 from trainer import parallel
 from trainer.actor import ActorUpdate
 from trainer.cancel import Cancelled, CancelToken
-from trainer.checkpoint import prune_checkpoints, save_checkpoint, save_sharded_checkpoint
+from trainer.checkpoint import Checkpointer
 from trainer.config import RunConfig
 from trainer.envs.base import make_mixture
 from trainer.evaluate import evaluate
 from trainer.memory import release_freed_memory, resident_gib
+from trainer.metrics import Metrics
 from trainer.report import Progress, Reporter, RunClock, report_eval_episodes
 from trainer.rollout.base import Engine
 from trainer.rollout.runner import (
@@ -39,8 +40,6 @@ from trainer.rollout.runner import (
     RolloutStats,
     ShardedRunner,
 )
-
-Metrics = dict[str, float]
 
 
 def sample_tasks(cfg: RunConfig, step: int) -> list[EpisodeSpec]:
@@ -106,6 +105,8 @@ class TrainingLoop:
     out_dir: Path
     reporter: Reporter
     actor: ActorUpdate
+    checkpointer: Checkpointer
+    """Writes the run's checkpoints (``trainer.checkpoint``); the loop decides when."""
     start_step: int = 1
     retrieve: Retriever | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -186,15 +187,12 @@ class TrainingLoop:
         """What each rank of a torchrun group did in the step (``rank/<r>/...``: episodes it played, their
         tokens per second, its resident memory), for the run page's per-process table; nothing on one
         process. Every rank calls it (a collective)."""
-        if not parallel.is_sharded(self.model):
-            return {}
         tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
         mine = {"episodes": float(stats.played), "tokens_per_s": tokens_per_s, "rss_gib": rss_gib}
-        return {
-            f"rank/{r}/{k}": v
-            for r, values in enumerate(parallel.gather_values(mine))
-            for k, v in values.items()
-        }
+        ranks = parallel.gather_values(mine)
+        if len(ranks) == 1:
+            return {}
+        return {f"rank/{r}/{k}": v for r, values in enumerate(ranks) for k, v in values.items()}
 
     def evaluate(self, step: int) -> Metrics:
         """Greedy episodes on the first ``eval_episodes`` instances of each env's eval split."""
@@ -212,46 +210,9 @@ class TrainingLoop:
         return metrics
 
     def checkpoint(self, step: int) -> Path:
+        """Every rank saves its part (``Checkpointer.save``)."""
         self.progress.start(step, "checkpoint")
-        if parallel.is_sharded(self.model):
-            return self._checkpoint_sharded(step)
-        self.last_checkpoint = save_checkpoint(
-            self.out_dir,
-            step,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.actor.optimizer,
-            engine_version=self.engine.weight_version,
-            elapsed_s=self.clock(),
-            config=self.cfg,
-            extra=self.save_more,
-        )
+        version, elapsed = self.engine.weight_version, self.clock()
+        self.last_checkpoint = self.checkpointer.save(step, engine_version=version, elapsed_s=elapsed)
         self.checkpointed_at = time.monotonic()
-        prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
         return self.last_checkpoint
-
-    def _checkpoint_sharded(self, step: int) -> Path:
-        """Every rank writes its shards (``trainer.checkpoint.save_sharded_checkpoint``); rank 0 prunes."""
-        self.last_checkpoint = save_sharded_checkpoint(
-            self.out_dir,
-            step,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.actor.optimizer,
-            engine_version=self.engine.weight_version,
-            elapsed_s=self.clock(),
-            config=self.cfg,
-            extra=self.save_more,
-            shards=self.save_shards,
-        )
-        self.checkpointed_at = time.monotonic()
-        if parallel.is_main():
-            prune_checkpoints(self.out_dir, self.cfg.checkpoint_keep)
-        return self.last_checkpoint
-
-    def save_shards(self, folder: Path) -> None:
-        """Every rank: write more sharded parts of a checkpoint into its (not yet final) ``folder``;
-        nothing here."""
-
-    def save_more(self, folder: Path) -> None:
-        """Write more parts of a checkpoint into its (not yet final) ``folder``; nothing here."""

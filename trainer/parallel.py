@@ -1,4 +1,4 @@
-"""Devices and data parallelism, applied in one place to a plain model (DESIGN §7, STYLE "Many devices").
+"""Devices and data parallelism, applied in one place to a plain model (docs/design.md §7).
 
 ``init_distributed(device)`` is called once at start: it reads torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK), picks the device, the process-group backend (gloo on the CPU, nccl on CUDA) and the compute
@@ -86,7 +86,7 @@ def device_mesh(placement: Placement) -> DeviceMesh:
 
 
 def mixed_precision(placement: Placement) -> MixedPrecisionPolicy:
-    """Compute in the placement's dtype, reduce gradients in float32 (DESIGN §7)."""
+    """Compute in the placement's dtype, reduce gradients in float32 (docs/design.md §7)."""
     return MixedPrecisionPolicy(param_dtype=placement.param_dtype, reduce_dtype=torch.float32)
 
 
@@ -187,6 +187,12 @@ def rank_micro_batches(
     n_mb = -(-len(items) // (world * size))  # ceil: the largest share's micro-batch count
     per = -(-len(mine) // n_mb) if n_mb else 0
     return [mine[i * per : (i + 1) * per] for i in range(n_mb)]
+
+
+def trains_together(model: torch.nn.Module) -> bool:
+    """Whether the whole torchrun group trains ``model`` (it is sharded): each of its forwards, backwards
+    and optimiser steps is then a collective that every rank must join, never one rank on its own."""
+    return is_sharded(model)
 
 
 def trainers_of(model: torch.nn.Module) -> tuple[int, int]:

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from trainer import paths
+from trainer import parallel, paths
 from trainer.assemble import file_reporters, train
 from trainer.checkpoint import read_checkpoint
 from trainer.config import ConfigError, RunConfig, get_preset
-from trainer.loop import Metrics
+from trainer.metrics import Metrics
 from trainer.report import ConsoleReporter
 
 __all__ = ["add_arguments", "config_from_args", "main", "run_from_args", "train"]
@@ -93,8 +93,6 @@ def out_dir_from_args(args: argparse.Namespace) -> Path:
 
 
 def run_from_args(args: argparse.Namespace, stdout: IO[str] | None = None) -> Metrics:
-    from trainer import parallel
-
     cfg = config_from_args(args)
     out = out_dir_from_args(args)
     reporter = file_reporters(out, ConsoleReporter(stdout)) if is_rank_zero() else None

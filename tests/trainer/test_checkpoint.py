@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from trainer.checkpoint import read_checkpoint, save_checkpoint
+from trainer.checkpoint import Checkpointer, read_checkpoint
 from trainer.config import get_preset
 from trainer.report import RunClock
 
@@ -24,9 +25,8 @@ def _save(out_dir, step: int, elapsed_s: float):
     model = LlamaForCausalLM(config)
     vocab = Tokenizer(WordLevel({"[UNK]": 0, "go": 1}, unk_token="[UNK]"))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token="[UNK]")
-    optimizer = torch.optim.AdamW(model.parameters())
-    return save_checkpoint(out_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
-                           engine_version=step, elapsed_s=elapsed_s, config=CFG)  # fmt: skip
+    actor = SimpleNamespace(model=model, optimizer=torch.optim.AdamW(model.parameters()))
+    return Checkpointer(out_dir, CFG, actor, tokenizer).save(step, engine_version=step, elapsed_s=elapsed_s)
 
 
 def test_a_checkpoint_keeps_the_seconds_trained_and_a_clock_started_from_them_goes_on(tmp_path):

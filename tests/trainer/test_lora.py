@@ -7,6 +7,7 @@ involved; the engine test runs the real SmolLM2 in vLLM (float32), as the full-w
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from trainer import lora
 from trainer.actor import ActorUpdate
 from trainer.assemble import load_extractor_model, prepare_actor
-from trainer.checkpoint import check_resumable, read_checkpoint, save_checkpoint
+from trainer.checkpoint import Checkpointer, check_resumable, read_checkpoint
 from trainer.config import ActorConfig, ConfigError, ExtractorConfig, LoraConfig, RunConfig
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models
 from trainer.rollout import GenerationRequest, make_engine, sequence_logprobs
@@ -172,21 +173,13 @@ def lora_run_config(tiny: Path, rank: int = 4) -> RunConfig:
 
 def test_resume_from_a_lora_checkpoint_gives_the_same_weights_and_optimiser(tiny, tmp_path) -> None:
     cfg = lora_run_config(tiny)
-    tokenizer, model, actor = prepare_actor(cfg, tmp_path / "run", None)
+    tokenizer, model, actor = prepare_actor(cfg, tmp_path / "run")
     assert lora.is_lora(model)
     train_a_little(model, actor.optimizer)
-    folder = save_checkpoint(
-        tmp_path / "run",
-        1,
-        model=model,
-        tokenizer=tokenizer,
-        optimizer=actor.optimizer,
-        engine_version=1,
-        elapsed_s=1.0,
-        config=cfg,
-    )
+    folder = Checkpointer(tmp_path / "run", cfg, actor, tokenizer).save(1, engine_version=1, elapsed_s=1.0)
     assert lora.has_adapter(folder / lora.ADAPTER_DIR)
-    _, resumed, resumed_actor = prepare_actor(cfg, tmp_path / "again", read_checkpoint(folder))
+    _, resumed, resumed_actor = prepare_actor(cfg, tmp_path / "again")
+    Checkpointer(tmp_path / "again", cfg, resumed_actor, tokenizer).load(read_checkpoint(folder))
     for (name, p), (_, q) in zip(model.named_parameters(), resumed.named_parameters(), strict=True):
         assert torch.equal(p, q), name
     # the optimiser's moments came back too: one more step on each keeps them equal
@@ -201,16 +194,9 @@ def test_a_lora_checkpoints_actor_folder_is_the_merged_model_and_the_adapter_mer
 ) -> None:
     model, optimizer = lora_actor(tiny)
     train_a_little(model, optimizer)
-    folder = save_checkpoint(
-        tmp_path,
-        2,
-        model=model,
-        tokenizer=load_tokenizer(tiny),
-        optimizer=optimizer,
-        engine_version=2,
-        elapsed_s=0.0,
-        config=lora_run_config(tiny),
-    )
+    trained = SimpleNamespace(model=model, optimizer=optimizer)
+    checkpointer = Checkpointer(tmp_path, lora_run_config(tiny), trained, load_tokenizer(tiny))
+    folder = checkpointer.save(2, engine_version=2, elapsed_s=0.0)
     want = lora.served_state_dict(model)
     exported = load_causal_lm(folder / "actor").state_dict()  # what evaluate_checkpoint's engine loads
     merged_alone = tmp_path / "merged"

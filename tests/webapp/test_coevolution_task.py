@@ -27,8 +27,9 @@ from django.utils import timezone
 from experience.models import Experience, Merge, SearchAsk
 from tests.conftest import wait_for
 from trainer import assemble
+from trainer.checkpoint import TRACK_STATE_FILE as STATE_FILE
 from trainer.checkpoint import read_checkpoint
-from trainer.coevolution import JOURNAL_FILE, STATE_FILE, work_left
+from trainer.coevolution import JOURNAL_FILE, work_left
 from trainer.config import get_preset
 from trainer.extractor.track import TrackJournal, _Merge
 from trainer.models import default_model_path, load_causal_lm, load_tokenizer, prepare_default_models

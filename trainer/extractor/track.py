@@ -1,4 +1,4 @@
-"""The background extractor track of the asynchronous dual loop (DESIGN §3.4).
+"""The background extractor track of the asynchronous dual loop (docs/design.md §3.4).
 
 The actor's loop hands each step's finished episodes to ``ExtractorTrack.submit`` and asks for merges with
 ``request_merge``; both only queue an item and return. One background thread does the work:
@@ -41,16 +41,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer import parallel
 from trainer.cancel import Cancelled, CancelToken
 from trainer.extractor.credit import Batch, CreditBuffer, generation_key
 from trainer.extractor.model import DistilRequest, Extractor, job_counts
 from trainer.extractor.update import ExtractorUpdate
 from trainer.memory import release_freed_memory
+from trainer.metrics import Metrics
 from trainer.report import Progress
 from trainer.store import ExperienceStore, Generation, GuidedOutcome
-
-Metrics = dict[str, float]
 
 
 class TrackFailed(RuntimeError):
@@ -276,8 +274,9 @@ class ExtractorTrack:
         self._credit(self._take_credits())
 
     def state_dict(self) -> dict:
-        """πϕ's optimiser and credit state and the unfinished work, for a checkpoint; the caller holds
-        ``update_lock`` (and calls ``settle_credits`` first)."""
+        """The credit state, the counters and the unfinished work, for a checkpoint (which keeps πϕ's
+        weights and optimiser state: ``trainer.checkpoint.Checkpointer``); the caller holds ``update_lock``
+        (and calls ``settle_credits`` first)."""
         with self._lock:  # the counters and the journal as of the same moment
             counts = dict(self.counts)
             stats = self._finished_stats()
@@ -285,7 +284,6 @@ class ExtractorTrack:
             credits = list(self._pending_credits)
             journaled = sorted(k for k in self.journal.finished if _item_of(k) in self._unfinished)
         return {
-            "optimizer": self.update.optimizer.state_dict() if self._owns_optimizer_state() else None,
             "buffer": self.buffer.state_dict(),
             "merge_keys": sorted(self._merge_keys),
             "counts": counts,
@@ -294,11 +292,6 @@ class ExtractorTrack:
             "journaled": journaled,
             "pending_credits": credits,
         }
-
-    def _owns_optimizer_state(self) -> bool:
-        """πϕ's AdamW state goes into this track's state: not when πϕ is sharded (every rank saves its
-        shards with the checkpoint's DCP)."""
-        return self.update is not None and not parallel.is_sharded(self.update.model)
 
     def _finished_stats(self) -> dict:
         """πϕ's counters less what the work under way has counted so far (it is done again, or
@@ -319,12 +312,10 @@ class ExtractorTrack:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Also the counters, so that a resumed run's cumulative figures go on from the checkpoint's, and
-        the checkpoint's unfinished work, queued ahead of anything new (a checkpoint written before these
-        were saved starts the counters at zero and has no work to give back)."""
+        """The credit state; also the counters, so that a resumed run's cumulative figures go on from the
+        checkpoint's, and the checkpoint's unfinished work, queued ahead of anything new (a checkpoint
+        written before these were saved starts the counters at zero and has no work to give back)."""
         with self.update_lock:
-            if self._owns_optimizer_state() and state["optimizer"] is not None:
-                self.update.optimizer.load_state_dict(state["optimizer"])
             self.buffer.load_state_dict(state["buffer"])
             self._merge_keys = set(state["merge_keys"])
         with self._lock:
