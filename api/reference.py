@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from api.endpoints import api
+
 BEGIN = "<!-- BEGIN generated: the API's OpenAPI schema (manage.py api_reference) -->\n"
 END = "<!-- END generated -->"
 BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
@@ -49,8 +51,6 @@ def block(schema: dict) -> str:
 
 
 def current_schema() -> dict:
-    from api.endpoints import api
-
     return api.get_openapi_schema(path_prefix="/api/v1/")
 
 

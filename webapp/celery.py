@@ -9,12 +9,16 @@ A worker of a training queue also consumes a queue of its own (``<node>.training
 (``webapp.workers``), so a launch that only some workers can run goes to one of those.
 """
 
+import logging
 import os
 import threading
 import time
 
 from celery import Celery
 from celery.signals import celeryd_after_setup, worker_process_init, worker_ready, worker_shutdown
+from django.conf import settings
+
+from experience.embedding import warm_up_in_background
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
@@ -35,10 +39,6 @@ def _warm_start(**kwargs) -> None:
     so its first bank task does not wait for it. In the pool process, not the parent: nothing that holds
     torch's threads is forked. Not in a worker that only trains: each run trains in a process of its own
     (``webapp.supervisor``) that loads what it needs, so an embedder here would only hold memory."""
-    from django.conf import settings
-
-    from experience.embedding import warm_up_in_background
-
     if settings.STUDIO_WARM_START and not _trains_only():
         warm_up_in_background()
 
@@ -52,7 +52,7 @@ def _training_queue(app_) -> str | None:
 @celeryd_after_setup.connect
 def _consume_own_queue(sender: str, instance, **kwargs) -> None:
     """A training worker also consumes ``<node>.training``: a run only it can train is sent there."""
-    from webapp.workers import configured_devices, own_queue
+    from webapp.workers import configured_devices, own_queue  # loads torch: in a worker, not every process
 
     if _training_queue(instance.app) is not None:
         configured_devices()  # a malformed STUDIO_WORKER_DEVICES stops the worker here, with its message
@@ -73,8 +73,7 @@ def _register_devices(sender, **kwargs) -> None:
 
 
 def _heartbeat(node: str, shared: str, slots: int) -> None:
-    import logging
-
+    # loads torch (trainer.plan): in a training worker only, not in every process that imports webapp
     from webapp.workers import HEARTBEAT_S, Worker, cpu_cores, detect_devices, register
 
     devices, source = detect_devices()
@@ -91,7 +90,7 @@ def _heartbeat(node: str, shared: str, slots: int) -> None:
 @worker_shutdown.connect
 def _unregister_devices(sender, **kwargs) -> None:
     """A worker that stops takes its record out at once (a killed one goes stale after ``STALE_S``)."""
-    from webapp.workers import unregister
+    from webapp.workers import unregister  # loads torch: in a worker, not every process
 
     if sender is not None and _training_queue(app) is not None:
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.urls import reverse
 
 from trainer.experiments.spec import NAME
 from trainer.runfiles import read_lines
@@ -112,8 +113,6 @@ class CommittedExperiment:
         return sum(c.status == "succeeded" for c in self.cells)
 
     def get_absolute_url(self) -> str:
-        from django.urls import reverse
-
         return reverse("experiment_detail", args=[self.name])
 
 

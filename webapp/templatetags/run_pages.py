@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
+from experience.models import Experience
 from trainer.checkpoint import find_checkpoint
 from webapp.charts import flatten
 from webapp.models import EpisodeRecord, MetricRow, Run
@@ -80,8 +81,6 @@ def run_outcome(run: Run) -> dict[str, Any]:
 def bank_size_now(run: Run) -> int:
     """The entries in the run's bank now, counted as the bank page counts them (a step's recorded
     ``bank/size`` predates the extractor's additions from that step's episodes)."""
-    from experience.models import Experience
-
     return Experience.objects.in_bank(run.pk).count()
 
 

@@ -6,9 +6,12 @@ from pathlib import Path
 from django.core.management.base import CommandError
 
 from trainer.checkpoint import read_checkpoint
+from trainer.coevolution import BankRetriever
 from trainer.envs import make_mixture
+from trainer.evaluate import evaluate_checkpoint, summary_table
 from webapp.management.database import DatabaseCommand
 from webapp.models import Run
+from webapp.training import experience_store
 
 
 class Command(DatabaseCommand):
@@ -27,10 +30,6 @@ class Command(DatabaseCommand):
         parser.add_argument("--no-experience", action="store_true", help="only the without-experience column")
 
     def handle(self, *args, checkpoint: str, **opts) -> None:
-        from trainer.coevolution import BankRetriever
-        from trainer.evaluate import evaluate_checkpoint, summary_table
-        from webapp.training import experience_store
-
         path = Path(checkpoint)
         try:
             state = read_checkpoint(path)

@@ -3,12 +3,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from trainer.config import ConfigError
 from trainer.experiments.spec import ExperimentSpec
+from trainer.experiments.summary import SUMMARY_FILE, include_summary, verify, write_report
+from webapp.experiments import config_drift, experiment_cells, experiment_run, results_dir
 from webapp.management.database import require_database
+from webapp.models import Experiment
 
 RESULTS_PAGE = Path("docs") / "results.md"
 """The documentation page that includes each experiment's generated summary (the README links to it)."""
@@ -67,8 +71,6 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def _run(self, options) -> None:
-        from webapp.experiments import experiment_run
-
         spec = ExperimentSpec.from_file(options["file"])
         require_database()
         owner = get_user_model().objects.filter(username=options["owner"]).first()
@@ -89,9 +91,6 @@ class Command(BaseCommand):
             raise CommandError(str(err)) from err
 
     def _status(self, options) -> None:
-        from webapp.experiments import config_drift, experiment_cells
-        from webapp.models import Experiment
-
         spec = ExperimentSpec.from_file(options["file"])
         require_database()
         experiment = Experiment.objects.filter(name=spec.name).first()
@@ -108,9 +107,6 @@ class Command(BaseCommand):
             self._say(f"{state.cell.key:32} {state.status:12} {where}")
 
     def _report(self, options) -> None:
-        from trainer.experiments.summary import write_report
-        from webapp.experiments import results_dir
-
         folder = results_dir(options["name"])
         if not (folder / "runs").is_dir():
             raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")
@@ -121,10 +117,6 @@ class Command(BaseCommand):
 
     def _include_summary(self, name: str, report: Path) -> None:
         """Refresh the results page's generated block of this experiment's summary, where it has one."""
-        from django.conf import settings
-
-        from trainer.experiments.summary import SUMMARY_FILE, include_summary
-
         readme = Path(settings.BASE_DIR) / RESULTS_PAGE
         block = f"docs/experiments/{name}/report/{SUMMARY_FILE}"
         if readme.exists() and include_summary(
@@ -133,11 +125,6 @@ class Command(BaseCommand):
             self._say(f"{RESULTS_PAGE}: its block of {block} now holds the summary")
 
     def _verify(self, options) -> None:
-        from django.conf import settings
-
-        from trainer.experiments.summary import SUMMARY_FILE, verify
-        from webapp.experiments import results_dir
-
         folder = results_dir(options["name"])
         if not (folder / "runs").is_dir():
             raise CommandError(f"no result files in {folder / 'runs'}: run the experiment first")

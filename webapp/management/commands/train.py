@@ -8,8 +8,14 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from trainer.config import ConfigError
+from trainer.report import ConsoleReporter
 from trainer.train import add_arguments, config_from_args, run_from_args
 from webapp.management.database import DatabaseCommand
+from webapp.models import Run
+from webapp.supervisor import claim_and_train
+from webapp.tasks import failure_message
+from webapp.training import run_training
+from webapp.workers import check, stand_in
 
 
 class Command(DatabaseCommand):
@@ -48,11 +54,6 @@ class Command(DatabaseCommand):
             raise CommandError(str(err)) from err
 
     def _recorded(self, args: _Namespace) -> None:
-        from trainer.report import ConsoleReporter
-        from webapp.models import Run
-        from webapp.tasks import failure_message
-        from webapp.training import run_training
-
         cfg = config_from_args(args)
         owner = get_user_model().objects.filter(username=args.owner).first()
         if owner is None:
@@ -68,8 +69,6 @@ class Command(DatabaseCommand):
         )
         self.stdout.write(f"run {run.pk} recorded; folder: {args.out or 'var/runs/' + str(run.uid)}\n")
         if cfg.nproc > 1:  # a torchrun group of train_claimed ranks, supervised as a worker does
-            from webapp.supervisor import claim_and_train
-
             if args.out:
                 Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(Path(args.out).resolve()))
             status = claim_and_train(run, worker=f"cli@{socket.gethostname()}")
@@ -94,8 +93,6 @@ class Command(DatabaseCommand):
 def _refuse_what_does_not_fit(cfg) -> None:
     """The launch form's rule, on this machine (``STUDIO_WORKER_DEVICES`` where set): a config whose plan does
     not fit its devices is refused with the plan's numbers and a fix, before anything loads."""
-    from webapp.workers import check, stand_in
-
     here = stand_in()
     why = check(cfg, here).why_not
     if why is not None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 
 from webapp.management.database import DatabaseCommand
+from webapp.models import Run
+from webapp.training import train_claimed
 
 
 class Command(DatabaseCommand):
@@ -18,9 +20,6 @@ class Command(DatabaseCommand):
         parser.add_argument("run_id", type=int)
 
     def handle(self, *args, run_id: int, **options) -> None:
-        from webapp.models import Run
-        from webapp.training import train_claimed
-
         run = Run.objects.filter(pk=run_id).first()
         if run is None or run.status != Run.Status.RUNNING:
             raise CommandError(f"run {run_id} is not claimed for training ({run and run.status})")

@@ -135,6 +135,7 @@ class Command(BaseCommand):
 def _check_worker_devices(given: str | None) -> None:
     """``--worker-devices`` goes to the workers as ``STUDIO_WORKER_DEVICES``; a malformed description stops
     ``up`` before it starts anything, with the forms it takes."""
+    # torch (trainer.plan) would add ~200 MiB to the process that supervises the others, for this one check
     from trainer.plan import PlanError
     from webapp.workers import DEVICES_ENV, configured_devices
 
