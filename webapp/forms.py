@@ -353,6 +353,15 @@ class LaunchForm(forms.Form):
             self.spec = self._experiment_spec(config, data)
         return data
 
+    def submission_token(self) -> str:
+        """The submission token if its own field accepts it, else "" (whether or not the rest is valid: a
+        copy of a submission that launched leads to what it launched; a malformed token is the form's error
+        to name, never a database lookup)."""
+        try:
+            return self.fields["submission"].clean(self.data.get("submission", ""))
+        except forms.ValidationError:
+            return ""
+
     def launch_arguments(self) -> dict[str, Any]:
         """A valid form's launch as ``webapp.services.run_launch`` takes it: the checked config, the grid
         (an experiment), and how its runs are named, tagged, shared and seeded."""

@@ -86,21 +86,12 @@ def launch_submitted(user, form: LaunchForm) -> Launched | None:
     errors then say why (the launch's on the field at fault, or the form's own). A copy of a submission that
     launched already leads to what it launched, even one the form would now refuse."""
     if not form.is_valid():
-        return run_launched_again(submission_token(form))
+        return run_launched_again(form.submission_token())
     try:
         return run_launch(user=user, **form.launch_arguments())
     except ValidationError as err:
         form.add_error(None, err)
         return None
-
-
-def submission_token(form: LaunchForm) -> str:
-    """The form's submission token if the form's own field accepts it, else "" (a malformed one is the
-    form's error to name, never a database lookup)."""
-    try:
-        return form.fields["submission"].clean(form.data.get("submission", ""))
-    except ValidationError:
-        return ""
 
 
 def _launch(request: HttpRequest, form: LaunchForm) -> HttpResponse:
