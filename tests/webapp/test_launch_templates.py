@@ -11,8 +11,8 @@ from django.urls import reverse
 
 from trainer.config import RunConfig
 from trainer.experiments.spec import ExperimentSpec
-from webapp.selectors import config_templates, configs_dir, leading_comment
 from webapp.models import Experiment
+from webapp.selectors import config_templates, configs_dir, leading_comment
 
 pytestmark = pytest.mark.django_db
 
