@@ -46,7 +46,9 @@ class BrowserSessionAuth(SessionAuth):
     A request that carries an Authorization header is judged by it alone, never by a cookie beside it."""
 
     def __call__(self, request: HttpRequest) -> Caller | None:
-        if request.headers.get("Authorization"):
+        # no session to judge: 401 as for every anonymous call, not the CSRF check's 403 that ninja's
+        # SessionAuth answers first for an unsafe method
+        if request.headers.get("Authorization") or not request.user.is_authenticated:
             return None
         return super().__call__(request)
 

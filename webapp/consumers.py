@@ -178,7 +178,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             json.loads(text_data)
-        except ValueError:
+        except (ValueError, RecursionError):  # deeply nested brackets exhaust the parser's recursion
             await self.close(code=INVALID_PAYLOAD, reason="frames must be JSON")
 
     async def _leave_groups(self) -> None:

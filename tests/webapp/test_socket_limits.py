@@ -143,7 +143,12 @@ async def test_an_open_socket_keeps_its_slot_past_the_ttl(run_socket, settings):
 
 @pytest.mark.parametrize(
     ("frame", "code"),
-    [({"text_data": "not json {"}, INVALID_PAYLOAD), ({"bytes_data": b"\x00\x01"}, UNSUPPORTED_DATA)],
+    [
+        ({"text_data": "not json {"}, INVALID_PAYLOAD),
+        ({"bytes_data": b"\x00\x01"}, UNSUPPORTED_DATA),
+        ({"text_data": "[" * 100_000 + "]" * 100_000}, INVALID_PAYLOAD),  # past the parser's recursion
+    ],
+    ids=["not-json", "binary", "nested-100000-deep"],
 )
 async def test_a_malformed_frame_closes_the_socket_with_a_code_not_an_error(run_socket, caplog, frame, code):
     communicator = run_socket()
