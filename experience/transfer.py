@@ -30,7 +30,7 @@ from pydantic import (
     ValidationError,
 )
 
-from experience import bank
+from experience import bank, strict_json
 from experience.embedding import Embedder
 from experience.models import Experience, ImportJob, ImportRow
 
@@ -205,9 +205,12 @@ def _parse(number: int, line: AnyStr | None) -> RecordIn:
     if line is None:
         raise ValueError(f"line {number}: longer than {LINE_MAX_BYTES:,} characters")
     try:
+        strict_json.loads(line)  # pydantic's parser keeps a repeated key's last value
         return RecordIn.model_validate_json(line)
     except ValidationError as err:
         raise ValueError(f"line {number}: {_describe(err)}") from None
+    except ValueError as err:
+        raise ValueError(f"line {number}: {err}") from None
 
 
 Progress = Callable[[str, int], None]

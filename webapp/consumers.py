@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from functools import partial
@@ -15,6 +14,7 @@ from django.db import DatabaseError
 from django.utils.crypto import constant_time_compare
 from django.utils.module_loading import import_string
 
+from experience import strict_json
 from webapp import sockets
 from webapp.events import run_group, session_group, user_group
 from webapp.selectors import metric_rows_since, run_visible
@@ -177,8 +177,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=UNSUPPORTED_DATA, reason="binary frames are not supported")
             return
         try:
-            json.loads(text_data)
-        except (ValueError, RecursionError):  # deeply nested brackets exhaust the parser's recursion
+            strict_json.loads(text_data)
+        except ValueError:
             await self.close(code=INVALID_PAYLOAD, reason="frames must be JSON")
 
     async def _leave_groups(self) -> None:

@@ -75,6 +75,23 @@ def test_a_rejected_line_quoting_a_nul_byte_fails_the_import_with_its_message_ke
     assert not Experience.objects.filter(run=run).exists()
 
 
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        # pydantic's own parser kept the last of a repeated key
+        (json.dumps(_record(2))[:-1] + ', "title": "again"}', "repeats the key 'title'"),
+        ('{"format": NaN}', "NaN is not a JSON number"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
+    ids=["repeated-key", "nan", "nested-100000-deep"],
+)
+def test_a_line_that_strict_json_refuses_fails_the_import_by_its_number(run, embedder, line, why):
+    body = json.dumps(_record(1)) + "\n" + line + "\n"
+    with pytest.raises(transfer.ImportRejected, match=f"line 2: .*{why}"):
+        services.experience_import(run, io.StringIO(body))
+    assert not Experience.objects.filter(run=run).exists()
+
+
 def test_an_import_adds_every_line_in_batches_and_leaves_no_staging_rows(run, user, embedder, monkeypatch):
     monkeypatch.setattr(transfer, "BATCH_LINES", 3)
     body = "".join(json.dumps(_record(i)) + "\n" for i in range(8))
