@@ -205,8 +205,9 @@ def _parse(number: int, line: AnyStr | None) -> RecordIn:
     if line is None:
         raise ValueError(f"line {number}: longer than {LINE_MAX_BYTES:,} characters")
     try:
+        record = RecordIn.model_validate_json(line)  # first: its messages name the field at fault
         strict_json.loads(line)  # pydantic's parser keeps a repeated key's last value
-        return RecordIn.model_validate_json(line)
+        return record
     except ValidationError as err:
         raise ValueError(f"line {number}: {_describe(err)}") from None
     except ValueError as err:

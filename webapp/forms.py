@@ -39,6 +39,27 @@ ID_MAX = 2**63 - 1
 """The largest PostgreSQL ``bigint`` (row ids)."""
 
 
+# ---- numbers written with the digits 0-9 ---------------------------------------------------------------
+
+
+class _AsciiNumber:
+    """Python's ``int`` and ``float`` read any script's digits ("１２" is 12): a number field here takes the
+    ASCII digits, sign, point and exponent only, so what is stored is what the page showed."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip().isascii():
+            raise forms.ValidationError("write the number with the digits 0-9", code="invalid")
+        return super().to_python(value)  # type: ignore[misc]
+
+
+class IntegerField(_AsciiNumber, forms.IntegerField):
+    pass
+
+
+class FloatField(_AsciiNumber, forms.FloatField):
+    pass
+
+
 # ---- checked values from request parameters ------------------------------------------------------------
 
 
@@ -54,7 +75,7 @@ def int_param(
     raw = params.get(name, "")
     if raw == "":
         return default
-    field = forms.IntegerField(min_value=min_value, max_value=max_value)
+    field = IntegerField(min_value=min_value, max_value=max_value)
     try:
         return field.clean(raw)
     except forms.ValidationError:
@@ -224,16 +245,16 @@ class LaunchForm(forms.Form):
     no_reweighting = forms.BooleanField(required=False, label="No reweighting")
     actor_model = forms.CharField(max_length=500, label="Actor model")
     extractor_model = forms.CharField(max_length=500, label="Extractor model")
-    k_rollouts = forms.IntegerField(label="K (rollouts per task)")
-    tasks_per_step = forms.IntegerField(label="Tasks per step (batch)")
-    steps = forms.IntegerField()
-    actor_lr = forms.FloatField(label="Actor learning rate")
-    extractor_lr = forms.FloatField(label="Extractor learning rate")
-    turn_limit = forms.IntegerField(required=False, help_text="Empty: each environment's own limit.")
-    seed = forms.IntegerField(label="First seed")
-    n_seeds = forms.IntegerField(label="Seeds to launch", initial=1, min_value=1, max_value=MAX_SEEDS)
-    eval_every = forms.IntegerField(label="Eval every (steps)")
-    nproc = forms.IntegerField(
+    k_rollouts = IntegerField(label="K (rollouts per task)")
+    tasks_per_step = IntegerField(label="Tasks per step (batch)")
+    steps = IntegerField()
+    actor_lr = FloatField(label="Actor learning rate")
+    extractor_lr = FloatField(label="Extractor learning rate")
+    turn_limit = IntegerField(required=False, help_text="Empty: each environment's own limit.")
+    seed = IntegerField(label="First seed")
+    n_seeds = IntegerField(label="Seeds to launch", initial=1, min_value=1, max_value=MAX_SEEDS)
+    eval_every = IntegerField(label="Eval every (steps)")
+    nproc = IntegerField(
         required=False,
         label="Processes (devices)",
         help_text="One per GPU (FSDP2 over them), or CPU processes sharing this machine; the run goes to a "
@@ -486,7 +507,7 @@ class CompareForm(forms.Form):
     )
     metric = MetricListField(required=False)
     x = forms.ChoiceField(required=False, choices=[("step", "step"), ("wall", "wall time")])
-    smooth = forms.FloatField(required=False, min_value=0, max_value=0.99)
+    smooth = FloatField(required=False, min_value=0, max_value=0.99)
 
 
 # ---- experience bank ---------------------------------------------------------------------------------
@@ -521,7 +542,7 @@ class ExperienceForm(forms.Form):
     content = forms.CharField(
         max_length=CONTENT_MAX, validators=[_no_nul], widget=forms.Textarea(attrs={"rows": 10})
     )
-    version = forms.IntegerField(
+    version = IntegerField(
         widget=forms.HiddenInput,
         min_value=1,
         max_value=INT_MAX,
@@ -538,14 +559,14 @@ class PruneForm(forms.Form):
         initial="all", required=False, label="Delete entries matching",
     )  # fmt: skip
     never_retrieved = forms.BooleanField(required=False, label="Never retrieved")
-    success_rate_below = forms.FloatField(
+    success_rate_below = FloatField(
         required=False, min_value=0, max_value=1, label="Success rate when used below"
     )
-    min_guided = forms.IntegerField(
+    min_guided = IntegerField(
         required=False, min_value=1, max_value=INT_MAX, initial=1,
         label="…over at least this many guided episodes",
     )  # fmt: skip
-    older_than_step = forms.IntegerField(
+    older_than_step = IntegerField(
         required=False, min_value=0, max_value=INT_MAX, label="Last changed before step"
     )
     scope = forms.CharField(required=False, max_length=100)
