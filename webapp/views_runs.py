@@ -48,8 +48,10 @@ def run_launch_view(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("you may not launch runs")
     if request.method == "POST":
         return _launch(request, LaunchForm(request.POST))
+    clone_of = None
     if clone_id := int_param(request.GET, "clone", min_value=1, max_value=ID_MAX):
-        initial = run_clone_initial(run_get(request.user, clone_id))
+        clone_of = run_get(request.user, clone_id)
+        initial = run_clone_initial(clone_of)
         form = LaunchForm(initial=config_initial(initial.pop("base")) | initial)
     elif template := request.GET.get("template"):
         try:
@@ -61,7 +63,7 @@ def run_launch_view(request: HttpRequest) -> HttpResponse:
         preset = request.GET.get("preset", "cpu")
         form = LaunchForm.for_preset(preset if preset in PRESETS else "cpu")
     template = "webapp/_launch_form.html" if request.htmx else "webapp/launch.html"
-    return render(request, template, {"form": form})
+    return render(request, template, {"form": form, "clone_of": clone_of})
 
 
 @require_POST
