@@ -15,12 +15,18 @@ Layout of one checkpoint (``<out>/checkpoints/step-000012/``)::
 A run whose models are sharded over a torchrun group (``trainer.parallel``) saves their weights and
 optimiser state with ``torch.distributed.checkpoint`` instead (``save_sharded``: a ``dcp/`` folder, and
 ``extractor/dcp/`` for πϕ, one file per rank plus DCP's metadata, in place of ``optimizer.pt``, the adapter
-and πϕ's AdamW state in ``state.pt``), loadable into any number of ranks (``load_sharded``); the whole
-models are still saved as Hugging Face folders beside them.
+and πϕ's AdamW state in ``state.pt``); the whole models are still saved as Hugging Face folders beside
+them, gathered to rank 0 alone (``parallel.main_state_dict``: a helper rank never holds a whole copy).
+
+Either format loads into any number of processes (``Checkpointer.load``): DCP folders reshard themselves
+to the group that loads them, or to one plain process (``load_sharded``); plain files load into a sharded
+group through ``torch.distributed.checkpoint.state_dict``'s full state dicts, read by rank 0 and
+broadcast tensor by tensor (``load_full``). So a run saved on 2 processes resumes on 1 or on 8.
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a half
-checkpoint that looks complete. Resuming requires the same config as the checkpoint's; only ``steps``
-(where to stop) may differ, so a finished run can be extended.
+checkpoint that looks complete. Resuming requires the same config as the checkpoint's; only where to stop
+and what only says where the run runs (``RESUMABLE_DIFFERENCES``: the process count and device among them)
+may differ, so a finished run can be extended and a run can go on on other hardware.
 """
 
 from __future__ import annotations
@@ -48,9 +54,18 @@ RESUMABLE_DIFFERENCES = (
     "checkpoint_minutes",
     "tracking.tensorboard",
     "device",
+    "nproc",
+    "collective_timeout_s",
+    "actor.gradient_checkpointing",
+    "extractor.gradient_checkpointing",
+    "rollout.kv_cache_gib",
+    "extractor.kv_cache_gib",
 )
 """Config keys a resumed run may change: where it stops, when it evaluates and checkpoints, what it logs,
-and what it runs on (a run saved on a GPU may go on on the CPU)."""
+and what it runs on, which changes what the run holds where but not what it computes: the device (a run
+saved on a GPU may go on on the CPU), the process count (``Checkpointer.load`` reshards), how long a rank
+waits for the others, activation checkpointing (recomputed activations are the same) and the engines' KV
+cache sizes."""
 
 
 @dataclass(frozen=True)
@@ -137,13 +152,15 @@ def config_changes(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[
 
 
 def check_resumable(saved: RunConfig, wanted: RunConfig) -> None:
-    """Refuse to resume a checkpoint under a different config (``steps`` aside), naming every change."""
+    """Refuse to resume a checkpoint under a different config (``RESUMABLE_DIFFERENCES`` aside), naming
+    every change."""
     changed = config_changes(saved.to_dict(), wanted.to_dict())
     if changed:
         diffs = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, a, b in changed)
         raise ConfigError(
             f"cannot resume: the config differs from the checkpoint's ({diffs}). Resume with the same "
-            "config (only 'steps' may change), or start a new run."
+            "config (only 'steps', the process count, the device and what only says when to evaluate, "
+            "checkpoint or log may change), or start a new run."
         )
 
 
@@ -166,7 +183,7 @@ def save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
 
 def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load a ``save_sharded`` folder into ``model`` and ``optimizer`` in place, resharding to however
-    many ranks run now (every rank calls it)."""
+    many ranks run now, or into one plain process's unsharded model (every rank calls it)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -175,6 +192,62 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def load_full(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    weights: dict[str, torch.Tensor] | None,
+    optim_state: dict | None,
+) -> None:
+    """Whole (unsharded) weights and a one-process optimiser state (``optimizer.state_dict()``: keyed by
+    parameter number) into a sharded model and its optimiser, in place (every rank calls it). Rank 0 alone
+    passes them (read from the plain files); it broadcasts one tensor at a time and each rank keeps its
+    shard (``StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)``), so no helper rank holds a
+    whole copy. ``weights`` None: the model keeps its own (a πϕ that loaded them before it was sharded)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    main = parallel.is_main()
+    if parallel.broadcast_object(weights is not None if main else None):
+        set_model_state_dict(model, _with_tied(model, weights) if main else {}, options=options)
+    state = _by_name(model, optimizer, optim_state) if main and optim_state is not None else {}
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+
+
+def _with_tied(model: torch.nn.Module, weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """``weights`` with every name of a tied parameter (a Hugging Face folder keeps one: the embedding,
+    not the head that shares it)."""
+    weights = dict(weights or {})
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for same in names.values():
+        held = next((n for n in same if n in weights), None)
+        for name in same:
+            if held is not None and name not in weights:
+                weights[name] = weights[held]
+    return weights
+
+
+def _by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> dict:
+    """A one-process ``optimizer.state_dict()`` (parameters numbered in the optimiser's order) keyed by
+    parameter name, as ``torch.distributed.checkpoint.state_dict`` takes it: ``optimizer`` holds the same
+    parameters in the same order, sharded (FSDP2 keeps the names)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    names = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    numbers = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(numbers) != len(names):
+        raise ValueError(
+            f"the checkpoint's optimiser holds {len(numbers)} parameters, this model trains {len(names)}"
+        )
+    name = dict(zip(numbers, names, strict=True))
+    groups = [g | {"params": [name[i] for i in g["params"]]} for g in saved["param_groups"]]
+    return {"state": {name[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
 
 
 # ---- the one writer and reader of a run's checkpoints ----------------------------------------------
@@ -271,24 +344,32 @@ class Checkpointer:
         ``attach_track``."""
         if state is None:
             return
-        if self.sharded:
-            self._load_shards(state.path)
+        model, optimizer = self.actor.model, self.actor.optimizer
+        if (
+            state.path / SHARDED_DIR
+        ).is_dir():  # saved by a group: DCP reshards to this one, or to one process
+            load_sharded(state.path / SHARDED_DIR, model, optimizer)
+        elif self.sharded:  # saved by one process, resumed by a group
+            main = parallel.is_main()
+            weights = _plain_weights(state.path) if main else None
+            load_full(model, optimizer, weights, _plain_optimizer(state.path) if main else None)
         else:
             _load_plain_actor(state.path, self.actor)
+        self._load_extractor_optimizer(state.path)
         _set_rng_states(torch.load(state.path / "rng.pt", weights_only=False))
 
-    def _load_shards(self, checkpoint: Path) -> None:
-        """The actor's and a training πϕ's weights and AdamW states from their DCP folders, resharded to
-        this group (every rank calls it)."""
-        if not (checkpoint / SHARDED_DIR).is_dir():
-            raise ValueError(
-                f"checkpoint {checkpoint} has no {SHARDED_DIR}/ folder: it was saved by one process; resume "
-                "it with nproc = 1"
-            )
-        load_sharded(checkpoint / SHARDED_DIR, self.actor.model, self.actor.optimizer)
-        if self.extractor_update is not None:
-            x = self.extractor_update
+    def _load_extractor_optimizer(self, checkpoint: Path) -> None:
+        """A training πϕ's AdamW state (and weights) from its DCP folder, resharded to this group or to one
+        process; a one-process checkpoint's, which ``state.pt`` holds, into a group's shards. One process
+        resuming one process's checkpoint gets it with ``attach_track`` instead. Every rank calls it."""
+        x = self.extractor_update
+        if x is None:
+            return
+        if (checkpoint / EXTRACTOR_DIR / SHARDED_DIR).is_dir():
             load_sharded(checkpoint / EXTRACTOR_DIR / SHARDED_DIR, x.model, x.optimizer)
+        elif self.sharded and (checkpoint / EXTRACTOR_DIR / TRACK_STATE_FILE).exists():
+            saved = (read_track_state(checkpoint) or {}).get("optimizer") if parallel.is_main() else None
+            load_full(x.model, x.optimizer, None, saved)  # its weights came with its model
 
     def _barrier(self) -> None:
         if self.sharded:  # every rank's part in place before rank 0 renames the folder
@@ -300,7 +381,7 @@ class Checkpointer:
         model, optimizer = self.actor.model, self.actor.optimizer
         if self.sharded:
             save_sharded(folder / SHARDED_DIR, model, optimizer)
-            weights = parallel.full_state_dict(model)  # a collective: every rank gathers, rank 0 writes
+            weights = parallel.main_state_dict(model)  # a collective: whole on rank 0, which writes
             if parallel.is_main():
                 model.save_pretrained(folder / "actor", state_dict=weights, safe_serialization=True)
         elif lora.is_lora(model):  # the merged model, which any engine loads, and the adapter a resume loads
@@ -320,7 +401,7 @@ class Checkpointer:
         update = self.extractor_update
         if self.sharded and update is not None:
             save_sharded(folder / SHARDED_DIR, update.model, update.optimizer)
-            weights = parallel.full_state_dict(update.model)  # a collective
+            weights = parallel.main_state_dict(update.model)  # a collective: whole on rank 0 alone
             if parallel.is_main():
                 update.model.save_pretrained(folder, state_dict=weights, safe_serialization=True)
         if self.track is None:
@@ -345,18 +426,29 @@ def read_track_state(checkpoint: Path) -> dict | None:
     return torch.load(path, weights_only=False) if path.exists() else None
 
 
-def _load_plain_actor(checkpoint: Path, actor: Trained) -> None:
-    """Weights and optimiser state saved by one process. A LoRA model loads its adapter (``actor_lora/``)
-    onto the base weights it was built from."""
+def _plain_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole actor's weights of a checkpoint, from its Hugging Face folder (a tied head left out)."""
     from safetensors.torch import load_file
 
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted((checkpoint / "actor").glob("*.safetensors")):
+        weights |= load_file(f)
+    return weights
+
+
+def _plain_optimizer(checkpoint: Path) -> dict:
+    """The actor's AdamW state saved by one process."""
+    return torch.load(checkpoint / "optimizer.pt", weights_only=False)
+
+
+def _load_plain_actor(checkpoint: Path, actor: Trained) -> None:
+    """Weights and optimiser state saved by one process, into one process. A LoRA model loads its adapter
+    (``actor_lora/``) onto the base weights it was built from."""
     model = actor.model
     if lora.is_lora(model):
         lora.load_adapter(model, checkpoint / lora.ADAPTER_DIR)
     else:
-        weights: dict[str, torch.Tensor] = {}
-        for f in sorted((checkpoint / "actor").glob("*.safetensors")):
-            weights |= load_file(f)
+        weights = _plain_weights(checkpoint)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", ())]
         if missing or unexpected:
@@ -364,7 +456,7 @@ def _load_plain_actor(checkpoint: Path, actor: Trained) -> None:
                 f"checkpoint {checkpoint} does not fit the actor model (missing {missing[:5]}, unexpected "
                 f"{list(unexpected)[:5]})"
             )
-    actor.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
+    actor.optimizer.load_state_dict(_plain_optimizer(checkpoint))
 
 
 def _rng_states() -> dict[str, Any]:

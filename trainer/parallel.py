@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 T = TypeVar("T")
 _joined: list[bool] = []
@@ -222,13 +222,50 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded weights for an engine sync or a Hugging Face save (a collective when sharded: every rank
-    gets every tensor). Gathered one tensor at a time into host memory, so that a device never holds a
-    whole model beside its shards (a 7B actor's float32 master weights are 30 GB: gathered on the GPU they
-    would not fit beside the paper preset's 76 GB); on CPU that is the same memory."""
+    """Unsharded weights for an engine sync (a collective when sharded: every rank gets every tensor; a
+    checkpoint's save takes ``main_state_dict``). Gathered one tensor at a time into host memory, so that a
+    device never holds a whole model beside its shards (a 7B actor's float32 master weights are 30 GB:
+    gathered on the GPU they would not fit beside the paper preset's 76 GB); on CPU that is the same
+    memory."""
     if not is_sharded(model):
         return model.state_dict()
     return {name: full_tensor(t).cpu() for name, t in model.state_dict().items()}
+
+
+def main_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded weights in rank 0's host memory, for the one rank that writes them (a checkpoint's Hugging
+    Face folder); every other rank gets ``{}`` (a collective when sharded). Gathered to rank 0 one tensor
+    at a time (``gather_to_main``): a helper rank only sends its shards, never holds a whole model beside
+    them (a 7B actor's float32 weights: 30 GB of host memory a rank)."""
+    if not is_sharded(model):
+        return model.state_dict()
+    main = is_main()
+    out = {}
+    for name, t in model.state_dict().items():
+        whole = gather_to_main(t)
+        if main:
+            out[name] = whole.cpu()
+    return out
+
+
+def gather_to_main(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind an FSDP2 shard (dim-0 chunks over a 1-D mesh) on rank 0; on every other rank
+    its own shard, which it only sent (a collective: ``dist.gather``, so the helpers receive nothing).
+    Shards are padded to the first one's rows for the gather, as ``torch.chunk`` made them."""
+    if not isinstance(t, DTensor):
+        return t
+    mesh = t.device_mesh
+    if mesh.ndim != 1 or t.placements != (Shard(0),):
+        return t.full_tensor()
+    local, world = t.to_local(), mesh.size()
+    rows = -(-t.shape[0] // world)
+    padded = local.contiguous()
+    if local.shape[0] != rows:  # a short last shard, or none
+        padded = local.new_zeros((rows, *t.shape[1:]))
+        padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)] if is_main() else None
+    dist.gather(padded, parts, dst=mesh.mesh[0].item(), group=mesh.get_group())
+    return torch.cat(parts)[: t.shape[0]] if parts is not None else local
 
 
 def named_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

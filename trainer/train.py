@@ -4,11 +4,13 @@
         --set actor.lr=2e-5 --out var/runs/room5
     python -m trainer.train --resume var/runs/room5 --steps 40      # continue the same run
     python -m trainer.train --config cpu --method grpo --nproc 2       # one run, 2 processes (torchrun)
+    python -m trainer.train --resume var/runs/room5 --nproc 1       # the same run, on 1 process now
 
 With ``--nproc N`` (or ``nproc`` in the config) above 1 this process starts ``torchrun`` with the same
 arguments (``launch``); each of its ranks runs this module again, finds itself in the group and trains its
 share (``trainer.parallel``). On several nodes, start torchrun on each node yourself, with ``--nproc`` the
-total number of processes (see docs/scaling-out.md).
+total number of processes (see docs/scaling-out.md). When the torchrun group fails, this process says how to
+resume the run from its last checkpoint, on any number of processes (``resume_hint``).
 
 ``manage.py train`` takes the same arguments (``webapp/management/commands/train.py``). This module is only
 the entry point: ``trainer.assemble`` builds the run.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -27,7 +30,7 @@ from typing import IO
 
 from trainer import parallel, paths
 from trainer.assemble import file_reporters, train
-from trainer.checkpoint import read_checkpoint
+from trainer.checkpoint import find_checkpoint, read_checkpoint
 from trainer.config import ConfigError, RunConfig, get_preset
 from trainer.metrics import Metrics
 from trainer.report import ConsoleReporter
@@ -148,6 +151,23 @@ def launch(argv: Sequence[str], nproc: int, out: Path) -> int:
     return subprocess.run(torchrun_command(argv, nproc, out), env=env).returncode
 
 
+def resume_hint(out: Path, code: int) -> str:
+    """What to run after the torchrun group of a run failed (exit ``code``): the command that resumes its last
+    checkpoint in ``out``, on any number of processes (``trainer.checkpoint``: a checkpoint loads into any
+    number of ranks)."""
+    failed = f"training failed: torchrun exited with code {code}"
+    try:
+        checkpoint = find_checkpoint(out)
+    except FileNotFoundError:
+        return f"{failed} before the run's first checkpoint in {out}: start it again"
+    return (
+        f"{failed}. To go on from its last checkpoint ({checkpoint.name}):\n"
+        f"    python -m trainer.train --resume {shlex.quote(str(out))}\n"
+        "with the same config (the checkpoint's); add --nproc N to resume on another number of processes "
+        "(a checkpoint loads into any number of ranks), --steps N to train longer"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
@@ -155,7 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         if cfg.nproc > 1 and not in_torchrun():
-            return launch(sys.argv[1:] if argv is None else argv, cfg.nproc, out_dir_from_args(args))
+            out = out_dir_from_args(args)
+            code = launch(sys.argv[1:] if argv is None else argv, cfg.nproc, out)
+            if code != 0:
+                print(resume_hint(out, code), file=sys.stderr)
+            return code
         run_from_args(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

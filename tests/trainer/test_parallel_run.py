@@ -1,6 +1,7 @@
 """One run on 2 processes from the command line (issue 36): ``python -m trainer.train --nproc 2`` starts
 torchrun; the ranks train one grpo run on a tiny random Llama, rank 0 writes each metric row once, the
-checkpoints are DCP folders with a whole actor beside them, and the run resumes from them."""
+checkpoints are DCP folders with a whole actor beside them, and the run resumes from them, on 2 processes
+and on 1 (issue 47). A torchrun group that fails says how to resume."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from tests.trainer.test_checkpoint import _save
 from tests.trainer.tiny_models import tiny_llama_folder
+from trainer.train import main as train_main
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = (
@@ -61,3 +64,28 @@ def test_a_two_process_grpo_run_writes_each_row_once_checkpoints_shards_and_resu
     lines = (out / "episodes.jsonl").read_text().splitlines()
     batches = Counter((row["eval"], row["step"]) for row in map(json.loads, lines))
     assert batches == Counter({(True, 0): 2, (True, 2): 2, (True, 3): 2} | {(False, s): 4 for s in (1, 2, 3)})
+
+    # the 2-process checkpoint resumed on 1 process (issue 47): the process count is no config change
+    _train("--resume", str(out), "--steps", "4", "--nproc", "1")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert Counter((r["kind"], r["step"]) for r in rows)[("step", 4)] == 1
+    step4 = next(r for r in rows if r["kind"] == "step" and r["step"] == 4)
+    assert step4["engine/weight_version"] == 6  # resumed from version 4: synced (5), then stepped (6)
+    saved = out / "checkpoints" / "step-000004"
+    assert (saved / "optimizer.pt").exists() and not (saved / "dcp").exists()  # one process's format
+    assert json.loads((saved / "state.json").read_text())["config"]["nproc"] == 1
+
+
+def test_a_failed_torchrun_says_how_to_resume_on_any_number_of_processes(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    _save(out, 2, elapsed_s=1.0)  # an earlier attempt's checkpoint
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    missing = tmp_path / "no-model"  # every rank fails to load it
+    args = ["--config", "cpu", "--method", "grpo", "--set", f"actor.model_path={missing}", "--out", str(out)]
+    code = train_main([*args, "--nproc", "2"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert f"torchrun exited with code {code}" in err and "last checkpoint (step-000002)" in err
+    assert f"\n    python -m trainer.train --resume {out}\n" in err
+    assert "add --nproc N to resume on another number of processes" in err
