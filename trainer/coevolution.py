@@ -261,6 +261,8 @@ class CoevolutionLoop(TrainingLoop):
         self.retriever = BankRetriever(self.store, cfg, tool_note=note)
         self.retrieve = self.retriever
         self.eval_retrieve = BankRetriever(self.store, cfg, count=False)
+        # episodes that may ask the bank play where Search-and-Ask is served: rank 0 (docs/design.md §7)
+        self.runner.guided_on_rank_zero = self.tool is not None
         self.runner = _Runner(self.runner, self.tool, self._submit)
         buffer = CreditBuffer(
             cfg.extractor.buffer_size,
@@ -354,21 +356,24 @@ class CoevolutionLoop(TrainingLoop):
 
 
 class RankZeroBank:
-    """A helper rank's stand-in for the bank in a multi-process run that uses experience. Guided episodes
-    play on rank 0 (``parallel.owners``), so it is never asked; passing it as the retriever makes a helper
-    rank play both evaluation columns, and so join every gather, with rank 0."""
+    """A helper rank's retriever in a multi-process run that uses experience: the bank is rank 0's, and a
+    helper rank's guided episodes get their experiences through ``ShardedRunner``'s collective, in which
+    rank 0's retriever answers every rank's queries (``parallel.on_rank_zero``), so this one is never
+    called. Passing it makes a helper rank join every retrieval and play both evaluation columns with
+    rank 0."""
 
     def __call__(self, queries: Sequence[RetrievalQuery]) -> list[Experience | None]:
-        raise RuntimeError("a helper rank was asked to retrieve, but guided episodes play on rank 0")
+        raise RuntimeError("a helper rank was asked to retrieve: the bank answers on rank 0 alone")
 
 
 @dataclass
 class HelperRankLoop(TrainingLoop):
     """Ranks 1..N-1 of a multi-process run that uses experience (docs/design.md §7): the actor's loop,
-    making the same collectives as rank 0's ``CoevolutionLoop`` (rollout gathers, sharded updates and syncs
-    of both models, both evaluation columns, checkpoints) while playing the free episodes it owns. The bank,
-    the extractor track and Search-and-Ask live on rank 0 alone, so entries are distilled and written once;
-    this rank trains its shards of πϕ on the batches rank 0 hands out, and reports nothing."""
+    making the same collectives as rank 0's ``CoevolutionLoop`` (retrievals, rollout gathers, sharded
+    updates and syncs of both models, both evaluation columns, checkpoints) while playing the guided and
+    free episodes it owns. The bank, the extractor track and Search-and-Ask live on rank 0 alone, so entries
+    are retrieved, credited, distilled and written once; this rank trains its shards of πϕ on the batches
+    rank 0 hands out, and reports nothing."""
 
     extractor: Extractor | None = None
     """πϕ over this rank's engine, which only serves its synced weights (rank 0's distils)."""
@@ -377,6 +382,7 @@ class HelperRankLoop(TrainingLoop):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.retrieve = self.eval_retrieve = RankZeroBank()
+        self.runner.guided_on_rank_zero = bool(self.cfg.search_and_ask_limit)  # as rank 0's
 
     def run(self) -> Metrics:
         last = super().run()

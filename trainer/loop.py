@@ -184,11 +184,12 @@ class TrainingLoop:
         return metrics
 
     def rank_metrics(self, stats: RolloutStats, rss_gib: float) -> Metrics:
-        """What each rank of a torchrun group did in the step (``rank/<r>/...``: episodes it played, their
-        tokens per second, its resident memory), for the run page's per-process table; nothing on one
-        process. Every rank calls it (a collective)."""
+        """What each rank of a torchrun group did in the step (``rank/<r>/...``: episodes it played, how many
+        of them guided, their tokens per second, its resident memory), for the run page's per-process table;
+        nothing on one process. Every rank calls it (a collective)."""
         tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
-        mine = {"episodes": float(stats.played), "tokens_per_s": tokens_per_s, "rss_gib": rss_gib}
+        mine = {"episodes": float(stats.played), "guided": float(stats.played_guided)}
+        mine |= {"tokens_per_s": tokens_per_s, "rss_gib": rss_gib}
         ranks = parallel.gather_values(mine)
         if len(ranks) == 1:
             return {}

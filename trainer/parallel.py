@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 T = TypeVar("T")
+R = TypeVar("R")
 _joined: list[bool] = []
 """Set once ``init_distributed`` has started this process's group: the one group ``destroy`` may end."""
 
@@ -295,15 +296,26 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item())
 
 
-def owners(guided: Sequence[bool], world: int | None = None) -> list[int]:
+def owners(
+    guided: Sequence[bool], world: int | None = None, *, guided_on_rank_zero: bool = False
+) -> list[int]:
     """Which rank plays each episode (by position; ``guided``: whether each is experience-guided).
 
-    Guided episodes play on rank 0, the one rank that holds the experience bank, the extractor and
-    Search-and-Ask (``trainer.assemble``); each free episode goes to the rank with the fewest so far, the
-    lowest on ties. Without guided episodes that is every world_size-th, from rank 0. Every rank computes
-    the same answer from the specs alone."""
+    Every rank plays its share of the guided episodes and of the free ones, each within one of the
+    balanced share: the guided episodes are dealt round the ranks from rank 0, the free ones go on dealing
+    from the rank after the last guided one, so each rank's total is balanced too. Without guided episodes
+    that is every world_size-th, from rank 0. Retrieval stays rank 0's whatever the owner
+    (``on_rank_zero``). ``guided_on_rank_zero``: guided episodes that may ask the bank
+    (Search-and-Ask, which rank 0 alone serves) all play there, and each free episode goes to the rank with
+    the fewest so far, the lowest on ties (docs/design.md §7). Every rank computes the same answer from the
+    specs alone."""
     if world is None:
         world = _rank_and_world()[1]
+    if not guided_on_rank_zero:
+        dealt = iter(range(len(guided)))
+        order = {i: next(dealt) for i, g in enumerate(guided) if g}
+        order |= {i: next(dealt) for i, g in enumerate(guided) if not g}
+        return [order[i] % world for i in range(len(guided))]
     load = [0] * world
     load[0] = sum(guided)
     out = []
@@ -334,6 +346,33 @@ def broadcast_object(obj: T) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_rank_zero(mine: list[T], owned_by: Sequence[int], serve: Callable[[list[T]], Sequence[R]]) -> list[R]:
+    """``serve`` over every rank's items, called by rank 0 alone, and this rank's answers (in its items'
+    order; ``owned_by[i]``: item i's rank, ``mine``: this rank's items in item order). A collective that
+    every rank joins, with items or without: rank 0 makes exactly the call one process makes (the same
+    items in the same order), so a stateful ``serve`` (the experience bank's retriever, whose usage counters
+    steer its next answers) answers the same on any number of ranks, and writes from one process
+    (docs/design.md §7). An error in ``serve`` reaches every rank. One process: ``serve(mine)``."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return list(serve(mine))
+    everything = gather_owned(mine, owned_by)
+    answer: tuple[str, Any] | None = None
+    if rank == 0:
+        try:
+            found = list(serve(everything))
+            if len(found) != len(everything):
+                raise ValueError(f"{len(found)} answers for {len(everything)} items")
+            answer = ("ok", found)
+        except Exception as exc:
+            broadcast_object(("error", f"{type(exc).__name__}: {exc}"))  # the other ranks wait for it
+            raise
+    kind, found = broadcast_object(answer)
+    if kind == "error":
+        raise RuntimeError(f"rank 0 failed to serve rank {rank}'s items: {found}")
+    return [x for x, r in zip(found, owned_by, strict=True) if r == rank]
 
 
 def gather_values(values: dict[str, float]) -> list[dict[str, float]]:

@@ -6,7 +6,10 @@ A small random-initialised Llama (tied embeddings, like SmolLM2) built from a co
 gradients (after clipping, as the optimiser sees them) and the weights; then the actor saves a DCP
 checkpoint and steps again (the uninterrupted second step). ``resume OUT``: new processes load that
 checkpoint and take the second step. ``rollouts OUT MODEL``: the episodes of a training step of the cpu
-preset on MODEL (a vLLM engine per rank, each playing its share, gathered). Rank 0 writes ``OUT/<name>.pt``.
+preset on MODEL (a vLLM engine per rank, each playing its share, gathered). ``retrieval OUT MODEL``: guided
+and free episodes on MODEL (an HF engine per rank) whose experiences rank 0's recording retriever serves to
+every rank (issue 47); ``serve_error OUT``: rank 0's server fails while both ranks wait for it. Rank 0
+writes ``OUT/<name>.pt``.
 """
 
 from __future__ import annotations
@@ -183,11 +186,92 @@ def run_rollouts(model_path: str) -> dict:
     return result
 
 
+class RecordingBank:
+    """Stands for the experience bank behind the runner's ``Retriever`` protocol: its answers depend on
+    everything it answered before (as the diversified re-rank's usage penalties do), and it records every
+    call, so a call made in another order, split up, or on another rank shows."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, str, str]]] = []
+        self.served = 0
+
+    def __call__(self, queries):
+        from trainer.rollout.runner import Experience
+
+        self.calls.append([(q.env_name, q.goal, q.observation) for q in queries])
+        found = []
+        for q in queries:
+            entry = (self.served * 7 + len(q.observation)) % 5
+            found.append(Experience(f"tip {entry}: " + "go east " * entry, entry, self.served))
+            self.served += 1
+        return found
+
+
+def run_retrieval(model_path: str) -> dict:
+    """Two batches through ``ShardedRunner`` with a retriever on rank 0 alone (a helper rank passes
+    ``RankZeroBank``, which raises if called): a training step's 4 guided + 4 free episodes, then 2 guided
+    evaluation episodes (on 4 ranks, two ranks hold none of them and join the retrieval empty-handed)."""
+    from trainer.coevolution import RankZeroBank
+    from trainer.config import get_preset
+    from trainer.loop import sample_tasks
+    from trainer.models import load_tokenizer
+    from trainer.rollout.hf import HFEngine
+    from trainer.rollout.runner import EpisodeRunner, ShardedRunner
+
+    class Played(EpisodeRunner):
+        """Records the specs this rank played itself."""
+
+        played: list = []
+
+        def run(self, specs, **options):
+            self.played += list(specs)
+            return super().run(specs, **options)
+
+    cfg = get_preset("cpu").with_overrides(tasks_per_step=2, k_rollouts=4, env="MiniHack-Room-Random-5x5")
+    cfg = cfg.with_overrides(method="complementary")  # the random room: each instance asks its own query
+    engine = HFEngine(model_path)
+    bank = RecordingBank() if parallel.is_main() else RankZeroBank()
+    inner = Played(engine, load_tokenizer(model_path), max_new_tokens=12, turn_limit=3)
+    runner = ShardedRunner(inner)
+    step = sample_tasks(cfg, step=1)
+    batches = [step, [EpisodeSpec(step[0].env_name, s, s, True, 100 + s) for s in range(2)]]
+    episodes = [e for specs in batches for e in runner.run(specs, retrieve=bank)[0]]
+    runner.close()
+    engine.close()
+    return {
+        "specs": [e.spec for e in episodes],
+        "experiences": [e.experience for e in episodes],
+        "systems": [e.system for e in episodes],
+        "actions": [[t.action_text for t in e.turns] for e in episodes],
+        "ids": [[s.response_ids for s in e.segments] for e in episodes],
+        "calls": bank.calls if isinstance(bank, RecordingBank) else None,
+        "played": parallel.gather_values(inner.played),  # type: ignore[arg-type]
+    }
+
+
+def run_serve_error() -> dict:
+    """Rank 0's server fails while every rank waits for its answers: each rank's error, by rank."""
+
+    def serve(items):
+        raise KeyError(f"no entry for {items}")
+
+    try:
+        parallel.on_rank_zero([parallel.rank()], [0, 1], serve)
+        error = "none"
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"errors": parallel.gather_values(error)}  # type: ignore[arg-type]
+
+
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     placement = parallel.init_distributed("cpu")
     if mode == "rollouts":
         result = run_rollouts(sys.argv[3])
+    elif mode == "retrieval":
+        result = run_retrieval(sys.argv[3])
+    elif mode == "serve_error":
+        result = run_serve_error()
     else:
         result = run_steps(placement, out) if mode == "steps" else run_resume(placement, out)
     if placement.rank == 0:

@@ -87,16 +87,47 @@ def test_rank_micro_batches_cover_every_item_once_in_equal_numbers_of_micro_batc
     assert all(len(mb) <= size for share in shares for mb in share)
 
 
-@given(st.lists(st.booleans(), max_size=40), st.integers(1, 8))
-def test_guided_episodes_play_on_rank_0_and_the_free_ones_balance_the_load(guided, world):
+def _within_one_of_the_balanced_share(counts: list[int], total: int) -> bool:
+    return sum(counts) == total and all(abs(c - total / len(counts)) < 1 for c in counts)
+
+
+@given(st.integers(1, 8), st.integers(1, 6), st.integers(1, 16), st.data())
+def test_every_rank_plays_within_one_of_its_share_of_guided_and_of_free_episodes(world, tasks, k, data):
+    """Issue 47: a step's tasks x K rollouts, the first ``split`` of each task guided (``sample_tasks``)."""
+    split = data.draw(st.integers(0, k))
+    guided = [j < split for _ in range(tasks) for j in range(k)]
     owners = parallel.owners(guided, world)
     assert len(owners) == len(guided) and all(0 <= r < world for r in owners)
-    assert all(r == 0 for r, g in zip(owners, guided, strict=True) if g)  # where the bank is
+    assert owners == parallel.owners(guided, world)  # from the specs alone: every rank gets the same answer
+    played = [[g for g, r in zip(guided, owners, strict=True) if r == rank] for rank in range(world)]
+    assert _within_one_of_the_balanced_share([sum(p) for p in played], sum(guided))
+    assert _within_one_of_the_balanced_share([len(p) - sum(p) for p in played], len(guided) - sum(guided))
+    assert _within_one_of_the_balanced_share([len(p) for p in played], len(guided))
+    if world > 1 and sum(guided) > 1:
+        assert any(g for p in played[1:] for g in p)  # not only rank 0 plays guided episodes
+
+
+@given(st.lists(st.booleans(), max_size=40), st.integers(1, 8))
+def test_any_order_of_guided_and_free_episodes_balances_both(guided, world):
+    owners = parallel.owners(guided, world)
+    played = [[g for g, r in zip(guided, owners, strict=True) if r == rank] for rank in range(world)]
+    assert _within_one_of_the_balanced_share([sum(p) for p in played], sum(guided))
+    assert _within_one_of_the_balanced_share([len(p) - sum(p) for p in played], len(guided) - sum(guided))
+    if not any(guided):  # every world_size-th from rank 0
+        assert owners == [i % world for i in range(len(guided))]
+
+
+@given(st.lists(st.booleans(), max_size=40), st.integers(1, 8))
+def test_episodes_that_may_ask_the_bank_play_on_rank_0_and_the_free_ones_balance_the_load(guided, world):
+    """Search-and-Ask is served on rank 0 alone: its guided episodes stay there (docs/design.md §7)."""
+    owners = parallel.owners(guided, world, guided_on_rank_zero=True)
+    assert len(owners) == len(guided) and all(0 <= r < world for r in owners)
+    assert all(r == 0 for r, g in zip(owners, guided, strict=True) if g)  # where Search-and-Ask is served
     load = [owners.count(r) for r in range(world)]
     free_ranks = [load[r] for r in range(1, world)]
     if free_ranks:  # the free episodes fill the least loaded rank first, rank 0 included once it is
         assert max(free_ranks) - min(free_ranks) <= 1 and max(free_ranks) <= max(load[0], min(free_ranks) + 1)
-    if not any(guided):  # every world_size-th from rank 0, as the one-process runner's order expects
+    if not any(guided):
         assert owners == [i % world for i in range(len(guided))]
 
 

@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from trainer import prompts
@@ -164,6 +165,8 @@ class RolloutStats:
     wall_s: float = 0.0
     played: int = 0
     """Episodes this process played itself (a rank of a torchrun group plays its share of ``episodes``)."""
+    played_guided: int = 0
+    """Of which experience-guided (``ShardedRunner``)."""
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
         wall = max(self.wall_s, 1e-9)
@@ -425,24 +428,38 @@ class EpisodeRunner:
 
 class ShardedRunner:
     """An ``EpisodeRunner`` for one rank of a torchrun group (``trainer.parallel``): each rank plays the
-    specs it owns (``parallel.owners``: guided ones on rank 0, which holds the bank; free ones spread to
-    balance) on its own engine, then the episodes are gathered so that every rank holds the whole batch, in
-    the order of ``specs``. A spec carries its sample seed, so where an episode is played does not change
-    it. One process: the inner runner as is."""
+    specs it owns (``parallel.owners``: its share of the guided and of the free ones) on its own engine,
+    then the episodes are gathered so that every rank holds the whole batch, in the order of ``specs``. A
+    spec carries its sample seed, so where an episode is played does not change it.
+
+    Retrieval is a collective (``parallel.on_rank_zero``): once every rank has reset its envs, the guided
+    episodes' queries are gathered in the order of ``specs``, rank 0's ``retrieve`` (the bank) answers them in
+    one call, the very call one process makes, and each rank injects its own answers; a rank without a
+    guided episode joins with none. So the bank is read and written by rank 0 alone, and a run gets the same
+    experiences on any number of ranks (docs/design.md §7). One process: the inner runner as is."""
 
     def __init__(self, inner: EpisodeRunner) -> None:
         self.inner = inner
+        self.guided_on_rank_zero = False
+        """Guided episodes may ask the bank mid-episode (Search-and-Ask), which rank 0 alone serves: they
+        all play there (``parallel.owners``); set by the loop that owns the intercept."""
 
     def run(self, specs: Sequence[EpisodeSpec], **options: Any) -> tuple[list[Episode], RolloutStats]:
         """``EpisodeRunner.run`` over the whole group. The stats are this rank's, but for ``episodes``."""
         from trainer import parallel  # torch.distributed: only where a run trains
 
-        owned_by = parallel.owners([s.guided for s in specs])
+        owned_by = parallel.owners([s.guided for s in specs], guided_on_rank_zero=self.guided_on_rank_zero)
         rank = parallel.rank()
-        episodes, stats = self.inner.run(
-            [s for s, r in zip(specs, owned_by, strict=True) if r == rank], **options
-        )
+        mine = [s for s, r in zip(specs, owned_by, strict=True) if r == rank]
+        retrieve = options.get("retrieve")
+        guided_by = [r for s, r in zip(specs, owned_by, strict=True) if s.guided]
+        if retrieve is not None and guided_by:
+            options["retrieve"] = partial(parallel.on_rank_zero, owned_by=guided_by, serve=retrieve)
+            if rank not in guided_by:  # every rank joins the collective, with its queries or with none
+                parallel.on_rank_zero([], guided_by, retrieve)
+        episodes, stats = self.inner.run(mine, **options)
         stats.played, stats.episodes = stats.episodes, len(specs)
+        stats.played_guided = sum(s.guided for s in mine)
         return parallel.gather_owned(episodes, owned_by), stats
 
     def close(self) -> None:
