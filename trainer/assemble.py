@@ -105,7 +105,7 @@ def prepare_actor(
 ) -> tuple[Any, Any, ActorUpdate]:
     """Write the run's config, seed, load the actor onto the placement's device, sharded over its torchrun
     group if any (``trainer.parallel``). A resumed run's weights come from its ``Checkpointer``."""
-    placement = placement or parallel.init_distributed(cfg.device)
+    placement = placement or parallel.init_distributed(cfg.device, cfg.collective_timeout_s)
     if parallel.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
@@ -160,7 +160,7 @@ def build_extractor(
     update = None
     if cfg.extractor_trains:
         saved = state.path / EXTRACTOR_DIR if state is not None else None
-        placement = placement or parallel.init_distributed(cfg.device)
+        placement = placement or parallel.init_distributed(cfg.device, cfg.collective_timeout_s)
         model = load_extractor_model(x, saved)
         model = parallel.parallelize(model, placement, activation_checkpointing=x.gradient_checkpointing)
         update = ExtractorUpdate(frozen_in(model, placement.param_dtype), x)
@@ -180,7 +180,7 @@ def build_extractor(
 
 def join_group(cfg: RunConfig) -> parallel.Placement:
     """This process's device and place in its torchrun group, which must have ``cfg.nproc`` ranks."""
-    placement = parallel.init_distributed(cfg.device)
+    placement = parallel.init_distributed(cfg.device, cfg.collective_timeout_s)
     if placement.world_size != cfg.nproc:
         raise ConfigError(
             f"nproc is {cfg.nproc} but this run was started as {placement.world_size} process(es): start it "

@@ -480,6 +480,11 @@ class RunConfig(_Section):
     nproc: int = 1
     """Training processes, one per device, launched by torchrun: the actor and the extractor are sharded
     over them with FSDP2 and each drives its share of the rollouts (``trainer.parallel``)."""
+    collective_timeout_s: float = 3600.0
+    """With nproc above 1: seconds a rank waits in a collective for the others before the group gives up
+    and restarts from its last checkpoint (a rank stopped or hung). It must exceed the longest legitimate
+    wait, a rank's whole rollout phase or rank 0's evaluation: up to 46 min on the shared CPU of the
+    committed grids, hence an hour; a few times a step's time is enough on GPUs (docs/design.md §7)."""
     eval_every: int = 10
     """Evaluate every this many steps (0: only at the end)."""
     eval_episodes: int = 32
@@ -539,6 +544,11 @@ class RunConfig(_Section):
         )
         _at_least("nproc", self.nproc, 1)
         _at_most("nproc", self.nproc, 1024)
+        _require(
+            math.isfinite(self.collective_timeout_s) and self.collective_timeout_s >= 5,
+            "collective_timeout_s must be at least 5 seconds, and longer than a rank's rollout phase or an "
+            f"evaluation, or healthy runs are stopped (got {self.collective_timeout_s})",
+        )
         for role in ("actor", "extractor"):
             _require(
                 not getattr(self, role).lora.enabled or self.nproc == 1,

@@ -19,6 +19,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -63,8 +64,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def init_distributed(device: str = "auto") -> Placement:
-    """Pick device, backend and dtype; join torchrun's process group when launched by it."""
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> Placement:
+    """Pick device, backend and dtype; join torchrun's process group when launched by it. A collective
+    that waits longer than ``timeout_s`` for another rank raises instead of hanging (``RunConfig.
+    collective_timeout_s``, docs/design.md §7); None keeps the backend's default (30 minutes for gloo)."""
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -75,7 +78,8 @@ def init_distributed(device: str = "auto") -> Placement:
         torch.cuda.set_device(dev)
     launched = "TORCHELASTIC_RUN_ID" in os.environ or world_size > 1  # torchrun sets both
     if launched and not dist.is_initialized():
-        dist.init_process_group(backend, device_id=dev if cuda else None)
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        dist.init_process_group(backend, device_id=dev if cuda else None, timeout=timeout)
         _joined.append(True)
     dtype = torch.bfloat16 if cuda else torch.float32
     return Placement(dev, backend, dtype, rank, world_size, local_rank, launched)

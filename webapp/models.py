@@ -24,6 +24,23 @@ def _holds_checkpoint(folder: Path) -> bool:
     return (folder / "state.json").exists() or any(folder.glob("checkpoints/step-*[0-9]/state.json"))
 
 
+def _lives(pid: int, started: float) -> bool:
+    """Process ``pid`` is the one that started at ``started`` (not a later one given its number) and is
+    not a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def last_checkpoint_step(folder: str) -> int | None:
+    """The step of the newest complete checkpoint in a run's folder (``checkpoints/step-N/state.json``),
+    None when it holds none."""
+    saved = Path(folder).glob("checkpoints/step-*[0-9]/state.json") if folder else ()
+    return max((int(p.parent.name.removeprefix("step-")) for p in saved), default=None)
+
+
 class RunQuerySet(models.QuerySet):
     def visible_to(self, user) -> RunQuerySet:
         """Runs a user may see: their own, shared ones, or all for staff."""
@@ -35,13 +52,12 @@ class RunQuerySet(models.QuerySet):
         return self.filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
 
     def lost(self) -> RunQuerySet:
-        """Runs shown as lost (``Run.is_lost``): running with a stale heartbeat (in SQL), or with a claiming
-        process on this host that is gone (checked in Python on the few running runs that still beat)."""
-        stale = timezone.now() - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
+        """Runs shown as lost (``Run.is_lost``), checked in Python on the few running runs: a stale
+        heartbeat or a claiming process on this host that is gone, with no training process left here."""
         running = self.filter(status=Run.Status.RUNNING, heartbeat_at__isnull=False)
-        beating = running.exclude(heartbeat_at__lt=stale).select_related(None).only("pk", "status", "worker")
-        gone = [run.pk for run in beating if run.holder_is_gone]
-        return running.filter(Q(heartbeat_at__lt=stale) | Q(pk__in=gone))
+        fields = ("pk", "status", "worker", "processes", "heartbeat_at")
+        lost = [run.pk for run in running.select_related(None).only(*fields) if run.is_lost]
+        return running.filter(pk__in=lost)
 
     def with_display_status(self, status: str) -> RunQuerySet:
         """Runs showing ``status`` (``Run.display_status``): 'lost' ones apart from those still 'running'."""
@@ -144,6 +160,11 @@ class Run(models.Model):
         "elapsed and estimated seconds left.",
     )  # fmt: skip
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    processes = models.JSONField(
+        default=dict, blank=True, db_default={},
+        help_text="Its training processes, recorded by their supervisor: host and [pid, start time] of "
+        "each (the child, or torchrun and every rank). A claim waits while one of them lives.",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -174,11 +195,12 @@ class Run(models.Model):
     @property
     def is_lost(self) -> bool:
         """Running, but no process is training it: its worker stopped beating (it died or lost the
-        database), or the process that claimed it is gone."""
+        database), or the process that claimed it is gone; and none of its training processes lives on
+        this host (an orphaned rank still holds it, ``group_is_alive``)."""
         if self.status != self.Status.RUNNING or self.heartbeat_at is None:
             return False
         stale = (timezone.now() - self.heartbeat_at).total_seconds() > HEARTBEAT_TIMEOUT_S
-        return stale or self.holder_is_gone
+        return (stale or self.holder_is_gone) and not self.group_is_alive
 
     @property
     def display_status(self) -> str:
@@ -205,25 +227,41 @@ class Run(models.Model):
     @property
     def holder_is_gone(self) -> bool:
         """Running, and the process that claimed it (``worker`` ends in ``@<host>:<pid>``) is on this host
-        and no longer alive: no need to wait for its heartbeat to go stale."""
+        and no longer alive, nor any of its training processes: no need to wait for its heartbeat to go
+        stale."""
         host, _, pid = self.worker.rpartition("@")[2].rpartition(":")
         return (
             self.status == self.Status.RUNNING
             and host == socket.gethostname()
             and pid.isdigit()
             and not psutil.pid_exists(int(pid))
+            and not self.group_is_alive
         )
+
+    @property
+    def group_is_alive(self) -> bool:
+        """One of its recorded training processes (``processes``: a rank, torchrun or the single child)
+        still lives on this host, stopped (SIGSTOP) or hung included: its group may still write to the run,
+        so no other group may start (docs/design.md §7). A process of another host cannot be asked: there
+        only its heartbeat tells, which the supervisor beats while it watches the group."""
+        if self.processes.get("host") != socket.gethostname():
+            return False
+        return any(_lives(pid, started) for pid, started in self.processes.get("pids", []))
 
     def claim(self, worker: str) -> bool:
         """Take this run for ``worker`` with one conditional UPDATE: a queued run, or a lost one (its worker
         died: heartbeat stale, or the claiming process gone; the task was redelivered or requeued). False if
-        another worker has it, or it ended or was cancelled."""
+        another worker has it, it ended or was cancelled, or a process of its last group still lives on
+        this host (``group_is_alive``)."""
         now = timezone.now()
         stale = now - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
         claimable = Q(status=self.Status.QUEUED) | Q(status=self.Status.RUNNING, heartbeat_at__lt=stale)
+        if self.group_is_alive:
+            return False  # its group still has a live rank, whatever its heartbeat says
         if self.holder_is_gone:
             claimable |= Q(status=self.Status.RUNNING, worker=self.worker)
-        claimed = Run.objects.filter(claimable, pk=self.pk, cancel_requested=False).update(
+        checked = {"processes": self.processes}  # the group checked above is still the one recorded
+        claimed = Run.objects.filter(claimable, pk=self.pk, cancel_requested=False, **checked).update(
             status=self.Status.RUNNING,
             worker=worker,
             started_at=Coalesce(F("started_at"), Value(now)),

@@ -34,6 +34,7 @@ from webapp.experiments import export_results
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, RunReporter
 from webapp.selectors import LOG_FILE
+from webapp.supervisor import record_processes
 from webapp.tasks import failure_message
 
 log = logging.getLogger(__name__)
@@ -138,14 +139,24 @@ def _is_rank_zero() -> bool:
 def train_claimed(run: Run) -> str:
     """Train a claimed ``run`` in this process: its final status, or ``failed`` with the reason stored on
     the run."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # a group's supervisor records torchrun and its ranks
+        record_processes(run.pk, [psutil.Process()])
     try:
         return run_training(run)
     except Exception as exc:  # noqa: BLE001 - every failure ends as a readable message on the run
         log.exception("run %s failed", run.pk)
-        if not _is_rank_zero():
-            raise  # torchrun stops the group; rank 0 and the supervisor record why
+        if not _is_rank_zero() or _lost_its_group(exc):
+            raise  # torchrun stops the group; rank 0 or the supervisor records why, and it restarts
         run.mark_failed(failure_message(exc))
         return Run.Status.FAILED
+
+
+def _lost_its_group(exc: Exception) -> bool:
+    """A collective of this torchrun group gave up on another rank (it timed out, ``collective_timeout_s``,
+    or the peer is gone): not the run's fault, so the supervisor restarts the group from its last
+    checkpoint instead of the run failing (docs/design.md §7)."""
+    in_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return in_group and (isinstance(exc, torch.distributed.DistError) or "third_party/gloo" in str(exc))
 
 
 def rewind(run: Run, step: int) -> None:

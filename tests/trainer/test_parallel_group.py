@@ -5,12 +5,14 @@ recorded once), and stops every rank within seconds of a cancel. A tiny random L
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -194,3 +196,72 @@ def test_a_complementary_run_spans_two_nodes_that_meet_through_torchruns_rendezv
     assert last["extractor/distilled"] == 12 and last["extractor/updates"] >= 1
     texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
     assert len(texts) == len(set(texts)) == last["bank/size"] > 0
+
+
+STOPPED_PEER = """
+import os, signal, sys, time
+import torch, torch.distributed as dist
+from trainer.config import RunConfig
+from trainer.parallel import init_distributed
+placement = init_distributed("cpu", RunConfig(nproc=2, collective_timeout_s=5).collective_timeout_s)
+dist.barrier()
+if placement.rank == 0:
+    os.kill(os.getpid(), signal.SIGSTOP)  # stops answering, as a rank under SIGSTOP or a debugger
+time.sleep(0.5)
+began = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(1))
+except Exception as exc:
+    print(f"rank {placement.rank} gave up after {time.monotonic() - began:.1f} s: {exc}", flush=True)
+    sys.exit(3)
+print(f"rank {placement.rank} never gave up", flush=True)
+"""
+
+
+def test_a_collective_gives_up_on_a_stopped_rank_after_the_runs_collective_timeout(tmp_path):
+    """Rank 0 stops itself; rank 1's all-reduce raises after collective_timeout_s (5 s here), not after
+    gloo's default 30 minutes, so torchrun ends the group (the supervisor then restarts it)."""
+    script = tmp_path / "stopped_peer.py"
+    script.write_text(STOPPED_PEER)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    group = subprocess.Popen([*launcher, str(script)], env=env, start_new_session=True, **output)
+    try:
+        out, _ = group.communicate(timeout=240)  # torchrun SIGKILLs the stopped rank 30 s after rank 1 exits
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group.pid, signal.SIGKILL)
+    gave_up = [line for line in out.splitlines() if line.startswith("rank 1 gave up after")]
+    assert gave_up, out[-3000:]
+    seconds = float(gave_up[0].split("after ")[1].split(" s:")[0])
+    assert 4.0 <= seconds < 30.0 and "Timed out" in gave_up[0], gave_up[0]
+    assert group.returncode != 0 and "never gave up" not in out
+
+
+def test_a_stopped_rank_ends_the_group_with_a_notice_and_the_run_resumes_from_its_checkpoint(
+    make_run, celery_worker
+):
+    """Rank 0 stops answering (SIGSTOP) after step 1 of a 2-process run on a Celery worker: past the run's
+    collective timeout the group is ended (every rank, the stopped one included), the notice names rank 0
+    and the checkpoint, and the run resumes from it and finishes with each row once."""
+    run = make_run(steps=3, collective_timeout_s=60)
+    result = train_run.apply_async(args=[run.id], queue=celery_worker)
+    saved = run_dir(run) / "checkpoints" / "step-000001" / "state.json"
+    wait_for(saved.exists, 900, "step 1's checkpoint")
+    ranks = wait_for(lambda: _ranks(run, celery_worker), 60, "both ranks")
+    (rank0,) = [p for p in ranks if p.environ().get("RANK") == "0"]
+    held = {pid for pid, _ in Run.objects.get(pk=run.pk).processes["pids"]}
+    assert {p.pid for p in ranks} <= held  # the supervisor recorded the group: no claim while one lives
+    rank0.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    assert not Run.objects.get(pk=run.pk).claim("another worker")
+    _, alive = psutil.wait_procs(ranks, timeout=300)
+    took = time.monotonic() - stopped
+    assert not alive and took < 150, f"the group ended {took:.0f} s after rank 0 stopped"
+    assert result.get(timeout=1200) == Run.Status.SUCCEEDED, _status(run)
+    run.refresh_from_db()
+    assert run.restarts == 1 and "stopped answering: rank 0 was stopped" in run.notice, run.notice
+    assert "resumed from the last checkpoint at step 1 (restart 1 of 3)" in run.notice, run.notice
+    steps = list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
+    assert sorted(steps) == [1, 2, 3]
