@@ -207,6 +207,11 @@ class Run(models.Model):
         return "lost" if self.is_lost else self.status
 
     @property
+    def finished_all_steps(self) -> bool:
+        """It succeeded and trained every step its config asks for: nothing is left to resume."""
+        return self.status == self.Status.SUCCEEDED and self.step >= int(self.config.get("steps", 0))
+
+    @property
     def checkpoint_source(self) -> str:
         """What "Resume from checkpoint" continues from: its own folder once it holds a complete checkpoint,
         else the checkpoint it started from; "" when there is none."""

@@ -335,17 +335,31 @@ def skipped_step_warnings(run: Run) -> dict[str, str]:
     }
 
 
-def rank_table(run_id: int) -> dict[str, Any]:
+def rank_table(run: Run) -> dict[str, Any]:
     """The newest step's per-process figures of a torchrun run (``rank/<r>/<name>`` metrics, written by
-    ``TrainingLoop.rank_metrics``): ``{"step", "ranks": [{"rank", "episodes", "tokens_per_s", "rss_gib"}]}``
-    in rank order."""
-    latest = latest_values(run_id, "train")
+    ``TrainingLoop.rank_metrics``): ``{"step", "ranks": [{"rank", "episodes", "guided", "free",
+    "tokens_per_s", "rss_gib"}], "experience", "guided_on_rank_zero"}`` in rank order. ``free`` is what a
+    rank played without experience; ``guided_on_rank_zero``: Search-and-Ask is on, which rank 0 alone serves,
+    so every guided training episode plays there (docs/design.md §7)."""
+    latest = latest_values(run.id, "train")
     ranks: dict[int, dict[str, Any]] = {}
     for key, value in latest["values"].items():
         parts = key.split("/")
         if len(parts) == 3 and parts[0] == "rank" and parts[1].isdigit():
             ranks.setdefault(int(parts[1]), {"rank": int(parts[1])})[parts[2]] = value
-    return {"step": latest["step"], "ranks": [ranks[r] for r in sorted(ranks)]}
+    for row in ranks.values():
+        if "guided" in row:  # recorded since guided episodes play on every rank
+            row["free"] = row.get("episodes", 0.0) - row["guided"]
+    try:
+        cfg = RunConfig.from_dict(run.config)
+    except ConfigError:  # a config this version no longer reads: the table without the experience columns
+        cfg = None
+    return {
+        "step": latest["step"],
+        "ranks": [ranks[r] for r in sorted(ranks)],
+        "experience": bool(cfg and cfg.uses_experience),
+        "guided_on_rank_zero": bool(cfg and cfg.search_and_ask_limit),
+    }
 
 
 LOG_FILE = "log.txt"

@@ -208,7 +208,7 @@ def run_resume(run: Run, owner) -> Run:
     """A new run that continues ``run`` from its last checkpoint with the same config."""
     if run.status in (Run.Status.QUEUED, Run.Status.RUNNING):
         raise RunError("this run is still active; cancel it before resuming")
-    if run.status == Run.Status.SUCCEEDED:
+    if run.finished_all_steps:
         raise RunError("this run finished all its steps; clone it (with more steps) to train further")
     source = run.checkpoint_source
     if not source:

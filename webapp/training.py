@@ -139,7 +139,8 @@ def _is_rank_zero() -> bool:
 def train_claimed(run: Run) -> str:
     """Train a claimed ``run`` in this process: its final status, or ``failed`` with the reason stored on
     the run."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # a group's supervisor records torchrun and its ranks
+    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1  # a group's supervisor records torchrun and its ranks
+    if alone:
         record_processes(run.pk, [psutil.Process()])
     try:
         return run_training(run)
@@ -149,6 +150,9 @@ def train_claimed(run: Run) -> str:
             raise  # torchrun stops the group; rank 0 or the supervisor records why, and it restarts
         run.mark_failed(failure_message(exc))
         return Run.Status.FAILED
+    finally:
+        if alone:  # this process no longer trains the run, though it lives on (a worker, a test)
+            record_processes(run.pk, [])
 
 
 def _lost_its_group(exc: Exception) -> bool:

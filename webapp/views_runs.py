@@ -157,7 +157,7 @@ REGION_READS: dict[str, dict[str, Callable[[Run], Any]]] = {
     "webapp/_trace_feed.html": {"traces": run_traces},
     "webapp/_latest_eval.html": {"latest_eval": lambda run: latest_values(run.id, "eval")},
     "webapp/_run_log.html": {"log": run_log_tail},
-    "webapp/_run_processes.html": {"processes": lambda run: rank_table(run.id)},
+    "webapp/_run_processes.html": {"processes": rank_table},
 }
 """What each live region reads beyond the run (the selectors behind it): the page reads them all, an htmx
 request for one region only its own."""

@@ -70,7 +70,8 @@ def test_a_two_process_complementary_run_launched_from_the_browser(
     page.fill("#id_name", "two ranks")
     page.wait_for_selector("#plan-time:has-text('2 processes')")  # re-planned as the fields changed
     assert page.query_selector("#plan-verdict") is not None, page.inner_text("#plan-result")
-    assert "Rank 0 (the figures above) plays every guided episode" in page.inner_text("#plan-result")
+    # Search-and-Ask is on (the default), which rank 0 alone serves: the guided training episodes play there
+    assert "(the figures above) plays every guided training episode" in page.inner_text("#plan-result")
     page.click("#launch-form button[type=submit]")
     page.wait_for_selector("#run-header")
     run = Run.objects.get(name="two ranks")
@@ -81,8 +82,9 @@ def test_a_two_process_complementary_run_launched_from_the_browser(
         page.wait_for_selector("#run-status.succeeded", timeout=900_000)
     page.wait_for_selector("#rank-table")
     ranks = page.inner_text("#rank-table")
-    assert "\n0\t2\t" in ranks and "\n1\t2\t" in ranks, ranks  # each rank played 2 of the step's 4 episodes
-    assert "Rank 0 plays the experience-guided episodes" in page.inner_text("#run-processes")
+    # each rank played 2 of the step's 4 episodes: rank 0 the 2 guided ones, rank 1 the 2 free ones
+    assert "\n0\t2\t2\t0\t" in ranks and "\n1\t2\t0\t2\t" in ranks, ranks
+    assert "Rank 0 plays the experience-guided training episodes" in page.inner_text("#run-processes")
     page.screenshot(path=str(ARTIFACTS / "two-process-run.png"), full_page=True)
 
     # the evaluations rank 0 recorded, both columns, in the trajectory inspector

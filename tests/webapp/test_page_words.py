@@ -6,6 +6,7 @@ import pytest
 from django.urls import reverse
 
 from tests.api.conftest import grant_launch, make_run
+from trainer.config import get_preset
 from webapp.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +34,8 @@ def test_the_top_bar_links_the_api_reference(client, user):
 
 def test_a_succeeded_run_offers_no_resume_and_refuses_one(client, user, tmp_path):
     (tmp_path / "state.json").write_text("{}")  # a checkpoint it could be resumed from
-    run = make_run(grant_launch(user), status=Run.Status.SUCCEEDED, checkpoint_dir=str(tmp_path))
+    steps = get_preset("cpu").steps
+    run = make_run(grant_launch(user), status=Run.Status.SUCCEEDED, step=steps, checkpoint_dir=str(tmp_path))
     client.force_login(user)
     page = client.get(reverse("run_detail", args=[run.id])).content.decode()
     assert "Resume from checkpoint</button>" not in page and "Clone this run</a>" in page

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainer.config import get_preset
 from trainer.report import Progress
 from webapp.models import MetricRow, Run
 from webapp.progress import RunReporter
@@ -47,7 +48,9 @@ def test_a_finished_run_shows_no_progress_line(client, user):
 
 
 def test_a_run_on_two_processes_shows_each_ranks_share_and_memory(client, user):
-    run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config={"steps": 3, "nproc": 2})
+    run = Run.objects.create(
+        name="r", owner=user, status=Run.Status.RUNNING, config={"method": "grpo", "steps": 3, "nproc": 2}
+    )
     client.force_login(user)
     assert "No step has finished yet: each rank" in client.get(f"/runs/{run.id}/").content.decode()
     values = {"train/episodes": 16.0, "rank/0/episodes": 8.0, "rank/0/tokens_per_s": 210.4,
@@ -62,6 +65,31 @@ def test_a_run_on_two_processes_shows_each_ranks_share_and_memory(client, user):
         name="one", owner=user, status=Run.Status.RUNNING, config={"steps": 3, "nproc": 1}
     )
     assert 'id="run-processes"' not in client.get(f"/runs/{one.id}/").content.decode()
+
+
+@pytest.mark.parametrize(
+    ("no_search_and_ask", "sentence"),
+    [
+        (True, "Every rank plays its share of the experience-guided and of the free episodes"),
+        (False, "Rank 0 plays the experience-guided training episodes"),
+    ],
+)
+def test_an_experience_run_on_two_processes_shows_each_ranks_guided_and_free_share(
+    client, user, no_search_and_ask, sentence
+):
+    switches = {"method": "complementary", "nproc": 2, "no_search_and_ask": no_search_and_ask}
+    cfg = get_preset("cpu").with_overrides(**switches)
+    run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config=cfg.to_dict())
+    shares = {0: (3.0, 1.0, 50.0, 2.0), 1: (3.0, 2.0, 40.0, 1.5)}  # episodes, guided, tokens/s, GiB
+    names = ("episodes", "guided", "tokens_per_s", "rss_gib")
+    values = {f"rank/{r}/{name}": v for r, row in shares.items() for name, v in zip(names, row, strict=True)}
+    MetricRow.objects.create(run=run, step=1, wall_time=30.0, values=values)
+    client.force_login(user)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "<th>guided</th><th>free</th>" in page
+    assert "<td>0</td><td>3</td><td>1</td><td>2</td><td>50</td>" in page
+    assert "<td>1</td><td>3</td><td>2</td><td>1</td><td>40</td>" in page
+    assert sentence in page
 
 
 def test_the_extractors_work_is_shown_beside_the_loops_phase_and_neither_overwrites_the_other(client, user):

@@ -107,15 +107,17 @@ def test_cancelling_a_run_mid_rollout_stops_it_within_seconds_and_gives_the_memo
 ):
     worker = _worker_process(celery_worker)
     idle_mb = _settled_rss_mb(worker)  # after its start-up (the embedder loads in the background)
-    # a long rollout (evaluation first, then training): up to 300 turns an episode, each turn one short engine
-    # call (8 episodes, 8 tokens), so a cancel waits for at most one such call; the evaluation has to outlast
-    # the 15 s below on a quiet machine too (2 episodes of 100 turns did not: step 1 had finished)
-    run = make_run(steps=5, eval_episodes=8, **{"rollout.turn_limit": 300, "rollout.max_new_tokens": 8})
+    # a long rollout (evaluation first, then training): a dark 15x15 room, 50 turns an episode, each turn one
+    # short engine call (8 episodes, 8 tokens), so a cancel waits for at most one such call; the evaluation
+    # outlasts the wait below (Room-5x5's 15 turns did not on a quiet machine: step 1 had finished)
+    env = "MiniHack-Room-Dark-15x15"
+    long = {"rollout.max_new_tokens": 8, "rollout.turn_limit": 50}
+    run = make_run(steps=5, env=env, eval_episodes=8, **long)
     result = train_run.apply_async(args=[run.id], queue=celery_worker)
-    log = run_dir(run) / "log.txt"
-    wait_for(lambda: log.exists() and "training: starting" in log.read_text(), 600, "the first rollout")
-    time.sleep(15)  # well inside the step-0 evaluation's rollout, past the engine's first (slower) calls
-    assert not MetricRow.objects.filter(run=run, kind="train").exists()
+    evaluating = Run.objects.filter(pk=run.pk, progress__phase="evaluation")
+    wait_for(evaluating.exists, 600, "the step-0 evaluation")
+    time.sleep(5)  # inside the evaluation's rollout, past the engine's first (slower) calls
+    assert not MetricRow.objects.filter(run=run).exists(), "the evaluation ended before the cancel"
     asked = time.monotonic()
     run_cancel(Run.objects.get(pk=run.pk))
     run = wait_for(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.CANCELLED).first(), 60, "cancel")
