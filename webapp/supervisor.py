@@ -106,8 +106,9 @@ def exit_reason(code: int) -> str:
 def restart(run: Run, code: int) -> bool:
     """The child ended with ``run`` still running: record why and say whether to start it again."""
     why = exit_reason(code)
-    if run.cancel_requested:
-        run.finish(Run.Status.CANCELLED, f"The training process {why} while it was being cancelled.")
+    if run.cancel_requested:  # not a failure: what the person asked for, however the process ended
+        Run.objects.filter(pk=run.pk).update(notice=f"Cancelled as requested (the training process {why}).")
+        run.finish(Run.Status.CANCELLED)
         return False
     if run.restarts >= MAX_RESTARTS:
         run.mark_failed(

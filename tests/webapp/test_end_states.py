@@ -85,6 +85,17 @@ def test_a_restart_notice_reads_as_a_sentence(user):
     )
 
 
+def test_a_cancel_that_ended_the_process_uncleanly_reads_as_a_cancel_not_a_failure(client, user):
+    run = _run(user, status=Run.Status.RUNNING, step=3, cancel_requested=True)
+    assert restart(run, 1) is False
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED and run.error == "" and run.finished_at
+    assert run.notice == "Cancelled as requested (the training process exited with code 1)."
+    client.force_login(user)
+    page = _page(client, run)
+    assert 'id="run-error"' not in page and "Cancelled as requested" in page and "Cancelled at step 3" in page
+
+
 @pytest.mark.parametrize(
     ("status", "words"),
     [("queued", "is queued"), ("running", "No step has finished yet"), ("cancelled", "was cancelled before")],
