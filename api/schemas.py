@@ -104,8 +104,10 @@ class RunDetailOut(RunOut):
     cancel_requested: bool
     progress: dict[str, Any] = Field(
         description="Where the current step is inside a long phase: step, phase (evaluation, rollouts, actor "
-        "update, weight sync, checkpoint), done of total units (episodes, micro-batches), elapsed_s and "
-        "eta_s (null until a unit finished). Empty before the first phase; the last one once the run ended."
+        "update, weight sync, checkpoint), done of total units (episodes, micro-batches), for rollouts the "
+        "turn its episodes reached of at most turns, elapsed_s and eta_s (null until a unit or a turn "
+        "finished; an upper bound when it counts turns), all as of at (Unix seconds, when it was reported). "
+        "Empty before the first phase; the last one once the run ended."
     )
 
 

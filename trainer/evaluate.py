@@ -57,7 +57,7 @@ def evaluate(
     episodes: int,
     *,
     retrieve: Retriever | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     on_episodes: Callable[[list[Episode]], None] | None = None,
 ) -> Metrics:
     """Both columns for ``env`` (a name or a mixture): without experience, and with it when ``retrieve`` is
@@ -93,11 +93,12 @@ def evaluate(
     return metrics
 
 
-def _across_columns(progress, column: int, columns: int) -> Callable[[int, int], None] | None:
-    """A runner's (done, total) of one column as (done, total) over every column (each the same size)."""
+def _across_columns(progress, column: int, columns: int) -> Callable[..., None] | None:
+    """A runner's (done, total, turn, turns) of one column as (done, total) over every column (each the same
+    size), with the column's turn."""
     if progress is None:
         return None
-    return lambda done, total: progress(column * total + done, columns * total)
+    return lambda done, total, *turn: progress(column * total + done, columns * total, *turn)
 
 
 def eval_runner(engine, actor_dir: Path | str, rollout) -> EpisodeRunner:

@@ -107,26 +107,38 @@ class Progress:
     def start(self, step: int, phase: str, unit: str = "", total: int = 0, done: int = 0) -> None:
         """A phase begins (``done``: units of it already finished, for a phase taken up again)."""
         self.step, self.phase, self.unit, self.done, self.total = step, phase, unit, done, total
+        self.turn, self.turns = 0, 0
         self.started = time.monotonic()
         self._send()
 
-    def advance(self, done: int, total: int | None = None) -> None:
-        """``done`` units of ``total`` (the phase's, unless given) have finished."""
+    def advance(self, done: int, total: int | None = None, turn: int = 0, turns: int = 0) -> None:
+        """``done`` units of ``total`` (the phase's, unless given) have finished; a rollout also says the
+        ``turn`` its episodes, played together, have reached of at most ``turns``, so that a batch whose
+        episodes all end at its turn limit still moves on the page."""
         if total is not None:
             self.total = total
-        if done == self.done:
+        if done == self.done and turn == self.turn:
             return
-        self.done = done
+        self.done, self.turn, self.turns = done, turn, turns
         if (self.total and done >= self.total) or time.monotonic() - self.sent >= self.every_s:
             self._send()
 
     def snapshot(self) -> dict[str, Any]:
         elapsed = time.monotonic() - self.started
-        left = elapsed / self.done * (self.total - self.done) if self.done and self.total else None
-        eta = None if left is None else round(left, 1)
         snapshot = {"phase": self.phase, "unit": self.unit, "done": self.done, "total": self.total,
-                    "elapsed_s": round(elapsed, 1), "eta_s": eta}  # fmt: skip
+                    "elapsed_s": round(elapsed, 1), "eta_s": self._seconds_left(elapsed)}  # fmt: skip
+        if self.turns:
+            snapshot |= {"turn": self.turn, "turns": self.turns}
         return snapshot | ({"track": self.track} if self.track else {})
+
+    def _seconds_left(self, elapsed: float) -> float | None:
+        """From the turns when the phase plays episodes together (at most: a turn costs less as its episodes
+        end), else from the units done; None before either has a rate."""
+        if self.turns and self.turn and self.done < self.total:
+            return round(elapsed / self.turn * (self.turns - self.turn), 1)
+        if self.done and self.total:
+            return round(elapsed / self.done * (self.total - self.done), 1)
+        return None
 
     def _send(self) -> None:
         self.sent = time.monotonic()

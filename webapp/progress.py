@@ -91,7 +91,7 @@ class RunReporter(BaseReporter):
         The loop's phase is the progress itself; a track's (the extractor's, from its own thread) is kept
         under its name beside it. Both are merged into the stored JSON in one statement, so neither thread
         overwrites what the other wrote."""
-        snapshot = {"step": step, **progress}
+        snapshot = {"step": step, **progress, "at": round(time.time(), 1)}  # a page catches up from "at"
         patch = {progress["track"]: snapshot} if progress.get("track") else snapshot
         with connection.cursor() as cursor:
             cursor.execute(

@@ -335,6 +335,37 @@ def skipped_step_warnings(run: Run) -> dict[str, str]:
     }
 
 
+MEASURED_STEPS = 5
+"""How many of a run's newest steps (and evaluations) its time-left estimate reads: recent enough to follow
+a change of load on its worker, enough not to follow one slow step."""
+
+
+def measured_time_left(run: Run) -> dict[str, float] | None:
+    """A running run's own pace: the median seconds of its newest steps (``time/step_s``) and evaluations
+    (``eval/time_s``), and the time its remaining steps and evaluations take at that pace; None before its
+    first step ended. On a shared worker this follows what the machine gives the run now, which the launch
+    plan's estimate cannot know."""
+    if run.status != Run.Status.RUNNING:
+        return None
+    step_s = _newest_median(run, MetricRow.Kind.TRAIN, "time/step_s")
+    if step_s is None:
+        return None
+    eval_s = _newest_median(run, MetricRow.Kind.EVAL, "eval/time_s") or 0.0
+    steps, every = int(run.config.get("steps", 0)), int(run.config.get("eval_every", 0))
+    left = range(run.step + 1, steps + 1)
+    evals = sum(1 for step in left if step == steps or (every and step % every == 0))
+    return {"step_s": step_s, "left_s": len(left) * step_s + evals * eval_s}
+
+
+def _newest_median(run: Run, kind: str, key: str) -> float | None:
+    rows = MetricRow.objects.filter(run=run, kind=kind).order_by("-step")[:MEASURED_STEPS]
+    values = sorted(v for v in (row.values.get(key) for row in rows) if isinstance(v, int | float))
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
 def rank_table(run: Run) -> dict[str, Any]:
     """The newest step's per-process figures of a torchrun run (``rank/<r>/<name>`` metrics, written by
     ``TrainingLoop.rank_metrics``): ``{"step", "ranks": [{"rank", "episodes", "guided", "free",

@@ -18,6 +18,7 @@ from webapp.forms import ID_MAX, LaunchForm, config_initial, int_param
 from webapp.models import Run
 from webapp.selectors import (
     latest_values,
+    measured_time_left,
     rank_table,
     run_get,
     run_log_tail,
@@ -153,7 +154,7 @@ PARTIALS = {
     "run-processes": "webapp/_run_processes.html",
 }
 REGION_READS: dict[str, dict[str, Callable[[Run], Any]]] = {
-    "webapp/_run_header.html": {"skipped_steps": skipped_step_warnings},
+    "webapp/_run_header.html": {"skipped_steps": skipped_step_warnings, "time_left": measured_time_left},
     "webapp/_trace_feed.html": {"traces": run_traces},
     "webapp/_latest_eval.html": {"latest_eval": lambda run: latest_values(run.id, "eval")},
     "webapp/_run_log.html": {"log": run_log_tail},

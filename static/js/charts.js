@@ -256,17 +256,45 @@ const Studio = (() => {
       if (m < 60) return m + "m " + s + "s";
       return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
     }
+    // The last progress of each line and when it arrived: the clock ticks on between reports.
+    const progressLines = {};
     function showProgress(p) {
-      const el = document.getElementById(p.track === "extractor" ? "run-extractor-progress" : "run-progress");
+      const id = p.track === "extractor" ? "run-extractor-progress" : "run-progress";
+      const el = document.getElementById(id);
       if (!el || !p.phase) return;
+      progressLines[id] = { p, at: Date.now(), el };
+      renderProgress(id);
+    }
+    function renderProgress(id) {
+      const el = document.getElementById(id), line = progressLines[id];
+      if (!el || !line) return;
+      const p = line.p, since = (Date.now() - line.at) / 1000;
       const parts = [p.phase];
       if (p.total) parts.push((p.done + " of " + p.total + " " + (p.unit || "")).trim());
       else if (p.done) parts.push((p.done + " " + (p.unit || "")).trim());
-      parts.push(duration(p.elapsed_s));
-      if (p.eta_s !== null && p.eta_s !== undefined && p.done < p.total) parts.push("about " + duration(p.eta_s) + " left");
+      if (p.turns) parts.push("turn " + (p.turn || 0) + " of " + p.turns);
+      parts.push(duration((p.elapsed_s || 0) + since));
+      if (p.eta_s !== null && p.eta_s !== undefined && p.done < p.total) {
+        parts.push((p.turns ? "at most " : "about ") + duration(Math.max(0, p.eta_s - since)) + " left");
+      }
       el.textContent = parts.join(" · ");
       el.hidden = false;
     }
+    function tickProgress() {
+      for (const id of ["run-progress", "run-extractor-progress"]) {
+        const el = document.getElementById(id);
+        if (!el || el.hidden) continue;
+        const line = progressLines[id];
+        // the header was re-rendered by the server (htmx) since: start again from what it rendered
+        if (el.dataset.progress && (!line || line.el !== el)) {
+          const p = JSON.parse(el.dataset.progress);
+          if (!p.phase) continue;
+          progressLines[id] = { p, at: Date.now(), el };
+        }
+        renderProgress(id);
+      }
+    }
+    setInterval(tickProgress, 1000);
 
     function connect(delay) {
       const scheme = location.protocol === "https:" ? "wss://" : "ws://";

@@ -4,6 +4,7 @@ Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlparse
@@ -113,6 +114,16 @@ def _live_progress(page, server: str, owner) -> None:
     _as_a_worker(progress.advance, 5)
     _wait_for_js(page, f"{shown}.startsWith('evaluation · 5 of 8 episodes · ')")
     assert "left" in page.inner_text("#run-progress") and page.locator("#run-progress").is_visible()
+    # no episode ends for a while (they run to the turn limit together): the turn moves, the clock ticks
+    _as_a_worker(progress.start, 1, "rollouts", "episodes", 16)
+    _as_a_worker(progress.advance, 0, 16, 2, 15)
+    _wait_for_js(page, f"{shown}.startsWith('rollouts · 0 of 16 episodes · turn 2 of 15 · ')")
+    before = page.inner_text("#run-progress")
+    _wait_for_js(page, f"{shown} !== {json.dumps(before)}")  # with nothing sent meanwhile
+    after = page.inner_text("#run-progress")
+    assert after.startswith("rollouts · 0 of 16 episodes · turn 2 of 15 · ") and "at most" in after
+    elapsed = [int(text.split(" · ")[3].rstrip("s")) for text in (before, after)]
+    assert elapsed[1] > elapsed[0], (before, after)
     _shot(page, "charts-00-run-progress")
 
 

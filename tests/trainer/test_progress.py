@@ -43,3 +43,19 @@ def test_a_reporter_without_the_hook_is_left_alone():
         pass
 
     Progress(Plain()).start(1, "checkpoint")  # no on_progress: nothing to call, no error
+
+
+def test_a_batch_whose_episodes_all_run_to_the_turn_limit_still_moves_and_estimates_from_its_turns():
+    recorder = Recorder()
+    progress = Progress(Reporters(recorder), every_s=0)
+    progress.start(2, "rollouts", "episodes", 16)
+    progress.started -= 30  # 30 s in
+    progress.advance(0, 16, 10, 50)  # no episode has ended, turn 10 of at most 50
+    assert [e[2:] for e in recorder.events] == [("rollouts", 0, 16), ("rollouts", 0, 16)]  # sent all the same
+    snapshot = progress.snapshot()
+    assert snapshot["turn"] == 10 and snapshot["turns"] == 50
+    assert 119 < snapshot["eta_s"] < 125  # 40 turns left at 3 s a turn, at most
+    progress.advance(0, 16, 10, 50)  # the same turn again: nothing new, nothing sent
+    assert len(recorder.events) == 2
+    progress.start(2, "actor update", "micro-batches", 4)  # a new phase forgets the turns
+    assert "turn" not in progress.snapshot()

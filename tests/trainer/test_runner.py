@@ -114,6 +114,16 @@ def test_the_turn_limit_ends_episodes(rollout):
         assert e.success or (e.truncated and e.num_actions == TURN_LIMIT) or e.turns[-1].done
 
 
+def test_the_runner_reports_the_turn_its_episodes_reached_of_their_limit(engine, tokenizer):
+    runner = EpisodeRunner(engine, tokenizer, max_new_tokens=MAX_NEW, turn_limit=3, context_tokens=CONTEXT)
+    seen: list[tuple[int, ...]] = []
+    specs = [EpisodeSpec(ENV, seed=3, group=0, sample_seed=k) for k in range(2)]
+    runner.run(specs, progress=lambda *args: seen.append(args))
+    runner.close()
+    assert [turn for _, _, turn, _ in seen] == list(range(1, len(seen) + 1)) and len(seen) <= 3
+    assert {(total, turns) for _, total, _, turns in seen} == {(2, 3)} and seen[-1][0] == 2
+
+
 def test_contexts_stay_within_the_token_budget_by_starting_new_segments(rollout, tokenizer):
     episodes, _, _ = rollout
     for e in episodes:

@@ -3,6 +3,10 @@ per-process table of a run trained by several processes."""
 
 from __future__ import annotations
 
+import html
+import json
+import time
+
 import pytest
 
 from trainer.config import get_preset
@@ -16,7 +20,7 @@ pytestmark = pytest.mark.django_db
 def test_the_reporter_stores_the_phase_and_the_page_and_api_show_it(client, user):
     run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config={"steps": 3})
     client.force_login(user)
-    assert 'id="run-progress" hidden' in client.get(f"/runs/{run.id}/").content.decode()  # nothing yet
+    assert 'id="run-progress" data-progress="{}" hidden' in client.get(f"/runs/{run.id}/").content.decode()
 
     progress = Progress(RunReporter(run), every_s=0)
     progress.start(0, "evaluation", "episodes", 8)
@@ -25,8 +29,9 @@ def test_the_reporter_stores_the_phase_and_the_page_and_api_show_it(client, user
     run.refresh_from_db()
     assert run.progress | {"elapsed_s": 0} == {
         "step": 0, "phase": "evaluation", "unit": "episodes", "done": 2, "total": 8, "elapsed_s": 0,
-        "eta_s": run.progress["eta_s"],
+        "eta_s": run.progress["eta_s"], "at": run.progress["at"],
     }  # fmt: skip
+    assert abs(run.progress["at"] - time.time()) < 5  # when it was reported: a page catches up from it
     assert 389 < run.progress["eta_s"] < 392  # 6 more at 65 s each
 
     page = client.get(f"/runs/{run.id}/").content.decode()
@@ -37,6 +42,32 @@ def test_the_reporter_stores_the_phase_and_the_page_and_api_show_it(client, user
     progress.start(1, "weight sync")  # a phase without units: its name and time only
     page = client.get(f"/runs/{run.id}/").content.decode()
     assert ">weight sync · 0s</p>" in page
+
+
+def test_a_page_rendered_between_reports_shows_the_time_since_and_the_turn_of_a_batch(client, user):
+    run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config={"steps": 3})
+    reported = {"step": 1, "phase": "rollouts", "unit": "episodes", "done": 0, "total": 16, "turn": 12,
+                "turns": 50, "elapsed_s": 60.0, "eta_s": 190.0, "at": time.time() - 45}  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(progress=reported)
+    client.force_login(user)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    # 45 s after the report: the clock went on and the estimate (an upper bound: it counts turns) went down
+    assert "rollouts · 0 of 16 episodes · turn 12 of 50 · 1m 45s · at most 2m 25s left" in page
+    shown = json.loads(html.unescape(page.split('id="run-progress" data-progress="')[1].split('"')[0]))
+    assert 104 < shown["elapsed_s"] < 107 and shown["turn"] == 12  # what the page's script ticks on from
+
+
+def test_a_running_run_estimates_its_time_left_from_its_own_steps(client, user):
+    config = {"steps": 10, "eval_every": 5}
+    run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config=config, step=4)
+    client.force_login(user)
+    assert 'id="run-time-left"' not in client.get(f"/runs/{run.id}/").content.decode()  # no step yet
+    for step, seconds in enumerate([300.0, 100.0, 120.0, 110.0], start=1):  # the first step was slow
+        MetricRow.objects.create(run=run, step=step, wall_time=step, values={"time/step_s": seconds})
+    MetricRow.objects.create(run=run, kind="eval", step=0, wall_time=0, values={"eval/time_s": 40.0})
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    # median of the 4 steps 115 s; 6 steps and 2 evaluations (steps 5 and 10) left: 6 x 115 + 2 x 40 = 770 s
+    assert "1m 55s a step, about 12m 50s left" in page.split('id="run-time-left"')[1].split("</span>")[0]
 
 
 def test_a_finished_run_shows_no_progress_line(client, user):

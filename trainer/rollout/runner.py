@@ -268,10 +268,10 @@ class EpisodeRunner:
         retrieve: Retriever | None = None,
         intercept: Intercept | None = None,
         temperature: float | None = None,
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[int, int, int, int], None] | None = None,
     ) -> tuple[list[Episode], RolloutStats]:
         """Play every spec to the end; episodes come back in the order of ``specs``. ``progress`` gets
-        (episodes finished, episodes) after every turn."""
+        (episodes finished, episodes, turns played, the batch's turn limit) after every turn."""
         stats = RolloutStats(episodes=len(specs))
         start = time.perf_counter()
         temperature = self.temperature if temperature is None else temperature
@@ -290,16 +290,22 @@ class EpisodeRunner:
                 state.system = system_prompt(state.env, state.experience.text if state.experience else None)
                 self._new_segment(state, [])
             live = [s for s in states if not s.done]
+            turns, turn = self._turn_budget(live), 0
             while live:
                 self.cancel.check()
                 self._turn(live, stats, intercept, temperature)
-                live = [s for s in live if not s.done]
+                live, turn = [s for s in live if not s.done], turn + 1
                 if progress is not None:
-                    progress(len(states) - len(live), len(states))
+                    progress(len(states) - len(live), len(states), turn, max(turns, turn))
         finally:
             self._release(specs, envs)
         stats.wall_s = time.perf_counter() - start
         return [s.finish() for s in states], stats
+
+    def _turn_budget(self, states: list[EpisodeState]) -> int:
+        """The most turns any of ``states`` may take: its env's limit, or the runner's if lower."""
+        limits = [min(s.env.max_turns, self.turn_limit or s.env.max_turns) for s in states]
+        return max(limits, default=0)
 
     # ---- phases of a batch -------------------------------------------------------------------
 

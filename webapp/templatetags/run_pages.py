@@ -3,6 +3,8 @@ settings its method reads, and why the inspector has nothing to show."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,7 @@ def no_episodes_reason(run: Run, kind: str = EpisodeRecord.Kind.TRAIN) -> str:
     return f"This run {ended} before any training step finished, so no training episode was recorded."
 
 
+@register.filter(name="duration")
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
@@ -147,19 +150,41 @@ def trace_episode_anchor(episode_id: str) -> str:
     return f"#task-{parts[3]}" if len(parts) == 5 and parts[3].isdigit() else ""
 
 
+def progress_now(progress: dict[str, Any] | None) -> dict[str, Any]:
+    """``progress`` as of now: a snapshot stored ``at`` a time has since gone on (its elapsed time grows, its
+    estimate shrinks), so a page rendered between reports does not show the time of the last one."""
+    if not progress or not progress.get("phase"):
+        return {}
+    since = max(0.0, time.time() - progress["at"]) if progress.get("at") else 0.0
+    now = dict(progress, elapsed_s=(progress.get("elapsed_s") or 0) + since)
+    if progress.get("eta_s") is not None:
+        now["eta_s"] = max(0.0, progress["eta_s"] - since)
+    return now
+
+
+@register.filter
+def progress_json(progress: dict[str, Any] | None) -> str:
+    """The snapshot as of now, for the page's script to tick on from (``static/js/charts.js``)."""
+    return json.dumps(progress_now(progress))
+
+
 @register.filter
 def progress_line(progress: dict[str, Any]) -> str:
-    """``phase · n of N unit · elapsed · about T left``, as ``static/js/charts.js`` writes it live."""
-    if not progress or not progress.get("phase"):
+    """``phase · n of N unit · turn t of T · elapsed · about T left``, as ``static/js/charts.js`` writes it
+    live; the estimate is "at most" when it counts turns (a turn costs less as its episodes end)."""
+    progress = progress_now(progress)
+    if not progress:
         return ""
     parts = [str(progress["phase"])]
     if progress.get("total"):
         parts.append(f"{progress.get('done', 0)} of {progress['total']} {progress.get('unit', '')}".rstrip())
     elif progress.get("done"):  # a count whose end is not known ahead (a merge pass's chunks)
         parts.append(f"{progress['done']} {progress.get('unit', '')}".rstrip())
+    if progress.get("turns"):
+        parts.append(f"turn {progress.get('turn', 0)} of {progress['turns']}")
     parts.append(_duration(progress.get("elapsed_s") or 0))
     if progress.get("eta_s") is not None and progress.get("done", 0) < progress.get("total", 0):
-        parts.append(f"about {_duration(progress['eta_s'])} left")
+        parts.append(f"{'at most' if progress.get('turns') else 'about'} {_duration(progress['eta_s'])} left")
     return " · ".join(parts)
 
 
