@@ -334,7 +334,7 @@ class CoevolutionLoop(TrainingLoop):
             if entry_id is not None or refinements:
                 credits.append(Credit(ep, e.success, entry_id=entry_id, entry_version=entry_version))
             credits += [Credit(ep, e.success, generation=g) for g in refinements]
-        self.track.submit(self.step, requests, credits)
+        self.track.submit(self.step, requests if self.cfg.distils else [], credits)
 
     def _report_last_row_again(self) -> None:
         """The last step's row as the lost attempt wrote it, with the extractor's figures now that its work

@@ -370,6 +370,9 @@ class ExperienceConfig(_Section):
     """Actor steps before retrieval and extractor training start; the bank fills meanwhile [5]."""
     search_and_ask_max: int = 2
     """Most Search-and-Ask queries the actor may make in one episode [2]."""
+    placement: str = "system"
+    """Where a guided rollout's entry goes: 'system' (the system prompt, as the paper) or 'turn' (after every
+    observation, next to the answer, where a small actor reads it: docs/experiments/dark-pool/)."""
 
     def __post_init__(self) -> None:
         _at_least("top_k", self.top_k, 1)
@@ -387,6 +390,7 @@ class ExperienceConfig(_Section):
         _one_of("scope", self.scope, SCOPES)
         _at_least("warmup_steps", self.warmup_steps, 0)
         _at_least("search_and_ask_max", self.search_and_ask_max, 0)
+        _one_of("placement", self.placement, ("system", "turn"))  # trainer.prompts.PLACEMENTS
 
 
 @dataclass(frozen=True)
@@ -465,6 +469,9 @@ class RunConfig(_Section):
     """Ablation: retrieve by similarity only, without the usage and recency penalties."""
     no_reweighting: bool = False
     """Ablation: train the extractor without the training-count-aware weights."""
+    frozen_bank: bool = False
+    """Control (method static_online): the bank stays as it started, a given one such as an oracle's; nothing
+    is distilled into it and it is never merged, while retrieval and Search-and-Ask go on."""
     steps: int = 200
     """Actor steps (one optimiser step per batch of tasks)."""
     tasks_per_step: int = 8
@@ -578,6 +585,11 @@ class RunConfig(_Section):
             f"cross_group changes the actor's advantages, but method {self.method!r} does not train it",
         )
         _require(
+            not self.frozen_bank or self.method == "static_online",
+            f"frozen_bank keeps the bank as it started, which only method static_online can (method "
+            f"{self.method!r} {'trains πϕ on what it writes' if self.uses_experience else 'uses no bank'})",
+        )
+        _require(
             not self.no_reweighting or self.extractor_trains,
             f"no_reweighting changes the extractor's update, but method {self.method!r} does not train it",
         )
@@ -631,7 +643,12 @@ class RunConfig(_Section):
     @property
     def merges(self) -> bool:
         """The bank is merged every ``experience.merge_every`` actor steps."""
-        return self.uses_experience and not self.no_merge
+        return self.uses_experience and not self.no_merge and not self.frozen_bank
+
+    @property
+    def distils(self) -> bool:
+        """πϕ writes the episodes' lessons into the bank (every method with experience, unless frozen)."""
+        return self.uses_experience and not self.frozen_bank
 
     @property
     def search_and_ask_limit(self) -> int:

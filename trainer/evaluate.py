@@ -101,8 +101,9 @@ def _across_columns(progress, column: int, columns: int) -> Callable[..., None] 
     return lambda done, total, *turn: progress(column * total + done, columns * total, *turn)
 
 
-def eval_runner(engine, actor_dir: Path | str, rollout) -> EpisodeRunner:
-    """An eval-split runner for the actor in ``actor_dir`` served by ``engine``, under a ``RolloutConfig``."""
+def eval_runner(engine, actor_dir: Path | str, rollout, placement: str = "system") -> EpisodeRunner:
+    """An eval-split runner for the actor in ``actor_dir`` served by ``engine``, under a ``RolloutConfig``
+    (``placement``: where a guided episode's experience goes, ``experience.placement``)."""
     from trainer.models import load_tokenizer
 
     return EpisodeRunner(
@@ -112,6 +113,7 @@ def eval_runner(engine, actor_dir: Path | str, rollout) -> EpisodeRunner:
         max_new_tokens=rollout.max_new_tokens,
         turn_limit=rollout.turn_limit,
         context_tokens=rollout.context_tokens,
+        experience_placement=placement,
     )
 
 
@@ -136,7 +138,7 @@ def evaluate_checkpoint(
     actor_dir = state.path / "actor"
     r = cfg.rollout
     engine = engine_from_config(actor_dir, r, seed=cfg.seed, name=engine_name or "", device=cfg.device)
-    runner = eval_runner(engine, actor_dir, r)
+    runner = eval_runner(engine, actor_dir, r, cfg.experience.placement)
     try:
         metrics = evaluate(runner, env or cfg.env, episodes or cfg.eval_episodes, retrieve=retrieve)
     finally:

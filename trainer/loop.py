@@ -119,6 +119,7 @@ class TrainingLoop:
         r = self.cfg.rollout
         options = dict(max_new_tokens=r.max_new_tokens, top_p=r.top_p, turn_limit=r.turn_limit)
         options |= dict(context_tokens=r.context_tokens, cancel=self.cancel)
+        options |= dict(experience_placement=self.cfg.experience.placement)
         self.actor.cancel = self.cancel
         self.cancelled = False
         self.checkpointed_at = time.monotonic()

@@ -23,11 +23,19 @@ _PLACEHOLDER = "\x00ACTION\x00"
 OMITTED_NOTE = "(Earlier turns were dropped to fit the context. Goal: {goal})"
 
 
+PLACEMENTS = ("system", "turn")
+"""Where a guided episode's experience goes: the system prompt, or every observation turn."""
+
+
+def experience_block(experience: str) -> str:
+    return f"Experience from earlier episodes that may help:\n{experience.strip()}"
+
+
 def system_prompt(env: TextEnv, experience: str | None = None) -> str:
     """The env's instructions and action syntax, plus the injected experience for guided rollouts."""
     parts = [env.instructions.strip(), env.action_syntax.strip()]
     if experience:
-        parts.append(f"Experience from earlier episodes that may help:\n{experience.strip()}")
+        parts.append(experience_block(experience))
     return "\n\n".join(parts)
 
 
@@ -45,9 +53,11 @@ def answer_prefix(env: TextEnv) -> str:
     return next((p for name, p in ANSWER_PREFIXES.items() if env.name.startswith(name)), "Action:")
 
 
-def user_message(observation: str, env: TextEnv) -> str:
-    """An observation as the actor reads it: the env's text, then a one-line reminder of the syntax."""
-    return f"{observation}\n\n{env.action_syntax.strip()}"
+def user_message(observation: str, env: TextEnv, experience: str | None = None) -> str:
+    """An observation as the actor reads it: the env's text, then a one-line reminder of the syntax, then
+    (placement 'turn') the guided episode's experience, right before the answer."""
+    text = f"{observation}\n\n{env.action_syntax.strip()}"
+    return f"{text}\n\n{experience_block(experience)}" if experience else text
 
 
 def _ids(encoded: Any) -> list[int]:

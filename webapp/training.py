@@ -80,12 +80,19 @@ def environment_snapshot(cfg: RunConfig | None = None) -> dict[str, str]:
             **hardware, **devices, **packages}  # fmt: skip
 
 
-def resume_record(run: Run, point) -> dict[str, str]:
+def resume_record(run: Run, point, snapshot: dict[str, str]) -> dict[str, str]:
     """The steps this run's attempts resumed from, earlier attempts' included ("never" for a run trained in
-    one go): a figure read beside a cell's results, since a resume may change what a step sees."""
-    earlier = (run.environment or {}).get("resumed_at_steps", "never")
+    one go): a figure read beside a cell's results, since a resume may change what a step sees; and every
+    attempt as ``step@commit/cpu/threads`` (``attempts``), so a cell whose attempts ran different code or
+    machines says so (``trainer.experiments.conditions``)."""
+    recorded = run.environment or {}
+    earlier = recorded.get("resumed_at_steps", "never")
     steps = [s for s in earlier.split(",") if s and s != "never"] + ([str(point.step)] if point else [])
-    return {"resumed_at_steps": ",".join(steps) or "never"}
+    attempt = (
+        f"{point.step if point else 0}@{snapshot['code_version'][:8]}/{snapshot['cpu']}/{snapshot['threads']}"
+    )
+    attempts = [a for a in recorded.get("attempts", "").split(",") if a] + [attempt]
+    return {"resumed_at_steps": ",".join(steps) or "never", "attempts": ",".join(attempts)}
 
 
 def _resume_point(run: Run, out_dir: Path) -> Path | None:
@@ -113,7 +120,8 @@ def run_training(run: Run, *, out_dir: Path | None = None, extra_reporters: Sequ
         return Run.Status.RUNNING
     if finished:
         return _finish(run, Run.Status.SUCCEEDED)  # it died after its last step, before being marked done
-    snapshot = environment_snapshot(cfg) | resume_record(run, point)
+    snapshot = environment_snapshot(cfg)
+    snapshot |= resume_record(run, point, snapshot)
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=str(out_dir), environment=snapshot)
     out_dir.mkdir(parents=True, exist_ok=True)
     rewind(run, start_step)  # a restart: drop what an interrupted attempt recorded after where it resumes

@@ -81,6 +81,8 @@ def test_configs_are_frozen():
             {"method": "static_online", "no_reweighting": True},
             "no_reweighting changes the extractor's update",
         ),
+        ({"method": "complementary", "frozen_bank": True}, "(method 'complementary' trains πϕ on what it"),
+        ({"method": "grpo", "frozen_bank": True}, "static_online can (method 'grpo' uses no bank)"),
         ({"actor.lr": 0}, "actor.lr must be above 0 (got 0.0)"),
         ({"actor.lr": float("nan")}, "actor.lr must be above 0"),
         ({"actor.clip_eps": 1.5}, "actor.clip_eps must be between 0 and 1 (got 1.5)"),
@@ -166,6 +168,9 @@ def test_ablation_switches_change_the_derived_settings():
     assert base.with_overrides(no_search_and_ask=True).search_and_ask_limit == 0
     assert not base.with_overrides(no_diversification=True).diversifies
     assert not base.with_overrides(no_reweighting=True).reweights
+    frozen = base.with_overrides(method="static_online", frozen_bank=True)
+    assert (frozen.merges, frozen.distils, frozen.uses_experience) == (False, False, True)
+    assert base.distils and base.with_overrides(method="static_online").distils
     for cfg in (base, no_split, cross):
         losses.get_adv_estimator(cfg.advantage_estimator)  # every derived name is registered
 

@@ -600,3 +600,29 @@ def test_the_report_puts_the_labelled_share_beside_the_rules_precision(tmp_path)
     md = (build_report(tmp_path) / "report.md").read_text()
     assert "0 of 1 entries drawn from the final banks are useful" in md
     assert "the mechanical rule marks 1 good, 0 of them useful: precision 0.000, recall –" in md
+
+
+def _final(arm: str, seed: int, without: float, with_exp: float | None = None) -> RunResult:
+    row = {"eval/success": without} | ({} if with_exp is None else {"eval/with_exp/success": with_exp})
+    method = "grpo" if arm == "grpo" else "static_online"
+    return RunResult(f"{arm}-s{seed}", arm, seed, method, {}, {}, {0: row, 20: row}, [], [])
+
+
+def test_the_preregistered_test_is_stated_whatever_its_result(tmp_path):
+    from trainer.experiments.summary import PREREGISTRATION_FILE, preregistered_lines
+
+    assert preregistered_lines(tmp_path, []) == []  # no pre-registration: no line
+    test = {"arm": "oracle", "column": "with", "reference": "grpo", "reference_column": "without",
+            "confidence": 0.95, "seeds": [0, 1, 2]}  # fmt: skip
+    (tmp_path / PREREGISTRATION_FILE).write_text(json.dumps(test))
+    grpo = [_final("grpo", s, v) for s, v in enumerate((0.2, 0.3, 0.25))]
+    oracle = [_final("oracle", s, 0.1, v) for s, v in enumerate((0.8, 0.9, 0.85))]
+    (line,) = preregistered_lines(tmp_path, grpo + oracle[:2])
+    assert "not decided yet (seeds finished of 3: oracle 2, grpo 3)" in line
+    (line,) = preregistered_lines(tmp_path, grpo + oracle)
+    assert "oracle (with experience) − grpo (without experience)" in line
+    assert "+0.600" in line and "supported: the interval lies above zero" in line
+    close = [_final("oracle", s, 0.1, v) for s, v in enumerate((0.1, 0.5, 0.3))]
+    assert "not supported: the interval reaches zero" in preregistered_lines(tmp_path, grpo + close)[0]
+    worse = [_final("oracle", s, 0.9, v) for s, v in enumerate((0.0, 0.05, 0.02))]
+    assert "contradicted: the interval lies below zero" in preregistered_lines(tmp_path, grpo + worse)[0]

@@ -195,3 +195,25 @@ def test_a_set_cancel_token_stops_the_rollout_before_its_next_turn(engine, token
         runner.run(specs, retrieve=retrieve)
     assert sum(len(pool) for pool in runner._pool.values()) == 2  # its environments were given back
     runner.close()
+
+
+def test_turn_placement_puts_the_experience_after_every_observation_not_in_the_system_prompt(
+    engine, tokenizer
+):
+    runner = EpisodeRunner(
+        engine, tokenizer, max_new_tokens=MAX_NEW, turn_limit=3, experience_placement="turn", temperature=1.0
+    )
+    specs = [EpisodeSpec(ENV, seed=3, group=0, guided=k == 0, sample_seed=k) for k in range(2)]
+    try:
+        guided, free = runner.run(specs, retrieve=lambda batch: [Experience(EXPERIENCE)] * len(batch))[0]
+    finally:
+        runner.close()
+    text = tokenizer.decode(guided.segments[0].prompt_ids + guided.segments[0].response_ids)
+    system = text.split("<|im_start|>user")[0]
+    assert EXPERIENCE not in system
+    # the first observation and every one after an action but the last (which ends the episode unseen)
+    assert text.count(EXPERIENCE) == len(guided.turns) >= 2
+    free_text = tokenizer.decode(free.segments[0].prompt_ids + free.segments[0].response_ids)
+    assert EXPERIENCE not in free_text
+    with pytest.raises(ValueError, match="experience_placement must be one of"):
+        EpisodeRunner(engine, tokenizer, experience_placement="footer")

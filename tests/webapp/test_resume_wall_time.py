@@ -60,6 +60,9 @@ def test_a_run_resumed_in_place_goes_on_from_its_checkpoints_wall_time_in_its_ro
     run_training(stopped_run)  # what the supervisor does when a run's training process died
     stopped_run.refresh_from_db()
     assert stopped_run.environment["resumed_at_steps"] == "1"  # the conditions a report prints beside it
+    first, second = stopped_run.environment["attempts"].split(",")
+    commit = env["code_version"][:8]
+    assert first == f"0@{commit}/{env['cpu']}/{env['threads']}" and second.startswith(f"1@{commit}/")
     walls = _walls(stopped_run)
     assert len(walls) == 5 and walls[:3] == before and walls[3] > saved
     assert _increasing(walls), walls

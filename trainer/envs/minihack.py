@@ -491,10 +491,11 @@ class MiniHackEnv(TextEnv):
 _CLASSES: dict[str, type[MiniHackEnv]] = {}
 
 
-def _register(task: MiniHackTask) -> None:
+def _register(task: MiniHackTask, base: type[MiniHackEnv] | None = None) -> type[MiniHackEnv]:
+    """Register ``task`` as an env: a subclass of ``base`` (``MiniHackEnv``) with the task's texts."""
     cls = type(
         task.name.replace("-", "").replace("x", "X") + "Env",
-        (MiniHackEnv,),
+        (base or MiniHackEnv,),
         {
             "task": task,
             "name": task.name,
@@ -512,6 +513,7 @@ def _register(task: MiniHackTask) -> None:
         },
     )
     _CLASSES[task.name] = register_env(task.name)(cls)
+    return cls
 
 
 for _task in TASKS:

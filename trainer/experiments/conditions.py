@@ -1,11 +1,12 @@
 """Under what conditions each cell ran, and where its wall time went.
 
 A cell records the commit and the versions it ran under (``cell.json``'s ``environment``), since
-2026-12-02 the processor's vector ISA and whether bf16 is native, and since 2026-12-04 torch's threads and
-the steps its attempts resumed from. Cells of one arm compared side by side
-should share them; the report flags an arm that does not. Wall time spans interruptions (a session ending,
-a machine change, a pause) and a resumed run's restart, so it says nothing about a method's cost: the time
-a cell trained is the sum of its steps' and evaluations' own times, and the rest is accounted for apart.
+2026-12-02 the processor's vector ISA and whether bf16 is native, since 2026-12-04 torch's threads and
+the steps its attempts resumed from, and since 2026-12-05 each attempt's commit, CPU and threads. Cells of
+one arm compared side by side should share them; the report flags an arm that does not. Wall time spans
+interruptions (a session ending, a machine change, a pause) and a resumed run's restart, so it says nothing
+about a method's cost: the time a cell trained is the sum of its steps' and evaluations' own times, and the
+rest is accounted for apart.
 """
 
 from __future__ import annotations
@@ -20,11 +21,22 @@ GAP_S = 600.0
 longer than a checkpoint's save and the wait for the extractor between steps, which take minutes."""
 
 
+def attempt_commits(env: dict[str, Any]) -> list[str]:
+    """The commits of a cell's attempts in order, each once (``attempts``: ``step@commit/cpu/threads``,
+    recorded since 2026-12-05); [] where not recorded."""
+    commits = [
+        a.split("@", 1)[1].split("/", 1)[0] for a in (env.get("attempts") or "").split(",") if "@" in a
+    ]
+    return list(dict.fromkeys(commits))
+
+
 def conditions(cell: dict[str, Any]) -> dict[str, str]:
-    """What ``cell.json`` says the cell ran under."""
+    """What ``cell.json`` says the cell ran under; a cell whose attempts ran different commits shows them in
+    order (``a1b2c3d4 → e5f6a7b8``), which ``mixed`` then flags."""
     env = cell.get("environment") or {}
+    commits = attempt_commits(env)
     return {
-        "commit": (env.get("code_version") or UNRECORDED)[:8],
+        "commit": " → ".join(commits) if commits else (env.get("code_version") or UNRECORDED)[:8],
         "cpu": env.get("cpu") or UNRECORDED,
         "native bf16": env.get("native_bf16") or UNRECORDED,
         "threads": str(env["threads"]) if env.get("threads") else UNRECORDED,

@@ -10,6 +10,7 @@ command (``manage.py experiment verify <name>``) and a test instead of landing.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import tempfile
@@ -32,6 +33,8 @@ from trainer.experiments.stats import mcnemar_exact, t_interval, welch_interval,
 from trainer.runfiles import read_lines
 
 SUMMARY_FILE = "summary.md"
+PREREGISTRATION_FILE = "preregistration.json"
+"""An experiment's pre-registered test (committed before its first run file): the report states its result."""
 COMPARED = ("report.md", "summary.csv", SUMMARY_FILE)
 """The report's text files, compared line by line (the PNG plots are rebuilt but not compared: their bytes
 depend on the matplotlib and FreeType versions, not on the figures)."""
@@ -224,6 +227,36 @@ def cost_lines(runs: Sequence[RunResult]) -> list[str]:
     return lines
 
 
+def preregistered_lines(folder: Path, runs: Sequence[RunResult]) -> list[str]:
+    """The pre-registered test's result, whatever it is, from ``preregistration.json``: the final success of
+    one arm's column minus another's, Welch's interval over seeds; supported when the interval lies above
+    zero, and undecided until every pre-registered seed of both arms has finished."""
+    path = Path(folder) / PREREGISTRATION_FILE
+    if not path.exists():
+        return []
+    test = json.loads(path.read_text())
+    arms = by_arm(runs)
+    sides = [(test["arm"], test["column"]), (test["reference"], test["reference_column"])]
+    values = [
+        final_values(arms.get(arm, []), f"eval/{WITH if col == 'with' else ''}success") for arm, col in sides
+    ]
+    (arm, col), (ref, ref_col) = sides
+    what = f"{arm} ({col} experience) − {ref} ({ref_col} experience), final success"
+    seeds = len(test["seeds"])
+    head = f"- Pre-registered test ({PREREGISTRATION_FILE}): {what}, Welch {test['confidence']:.0%}"
+    if min(len(v) for v in values) < seeds:
+        done = ", ".join(f"{a} {len(v)}" for (a, _), v in zip(sides, values, strict=True))
+        return [f"{head}: not decided yet (seeds finished of {seeds}: {done})."]
+    iv = welch_interval(*values, confidence=test["confidence"])
+    verdict = (
+        "supported: the interval lies above zero"
+        if iv.low > 0
+        else "not supported: the interval reaches zero"
+    )
+    verdict = "contradicted: the interval lies below zero" if iv.high < 0 else verdict
+    return [f"{head} over {seeds} seeds each: {iv.mean:+.3f} {_bounds(iv.low, iv.high)}, {verdict}."]
+
+
 def summary_md(folder: Path, runs: Sequence[RunResult]) -> str:
     """The README's summary of the experiment in ``folder``: generated, never edited by hand."""
     name = Path(folder).name
@@ -235,6 +268,7 @@ def summary_md(folder: Path, runs: Sequence[RunResult]) -> str:
         "",
         cells_table(runs),
         "",
+        *preregistered_lines(folder, runs),
         *arm_lines(runs),
         *experience_lines(runs, labels),
         *pairing_lines(runs),

@@ -239,8 +239,12 @@ class EpisodeRunner:
         turn_limit: int | None = None,
         context_tokens: int = 4096,
         cancel: CancelToken | None = None,
+        experience_placement: str = "system",
     ) -> None:
-        """``cancel``: checked before every turn (``trainer.cancel``)."""
+        """``cancel``: checked before every turn (``trainer.cancel``). ``experience_placement``: where a
+        guided episode's experience goes (``prompts.PLACEMENTS``)."""
+        if experience_placement not in prompts.PLACEMENTS:
+            raise ValueError(f"experience_placement must be one of {prompts.PLACEMENTS}")
         if context_tokens <= max_new_tokens:
             raise ValueError(
                 f"context_tokens ({context_tokens}) must exceed max_new_tokens ({max_new_tokens})"
@@ -253,6 +257,7 @@ class EpisodeRunner:
         self.top_p = top_p
         self.turn_limit = turn_limit
         self.context_tokens = context_tokens
+        self.experience_placement = experience_placement
         self._pool: dict[str, list[TextEnv]] = defaultdict(list)
         self.cancel = cancel or CancelToken()
 
@@ -287,7 +292,10 @@ class EpisodeRunner:
             self._inject_experience(states, retrieve)
             stats.retrieve_s = time.perf_counter() - t0
             for state in states:
-                state.system = system_prompt(state.env, state.experience.text if state.experience else None)
+                text = state.experience.text if state.experience else None
+                state.system = system_prompt(
+                    state.env, text if self.experience_placement == "system" else None
+                )
                 self._new_segment(state, [])
             live = [s for s in states if not s.done]
             turns, turn = self._turn_budget(live), 0
@@ -378,7 +386,7 @@ class EpisodeRunner:
     def _append_observation(self, state: EpisodeState, obs: str, action_ids: Sequence[int]) -> None:
         seg = state.segment
         turn_ids = self.chat.observation_turn(
-            prompts.user_message(obs, state.env), action_ids, prompts.answer_prefix(state.env)
+            self._user(state, obs), action_ids, prompts.answer_prefix(state.env)
         )
         if seg.num_ids + len(turn_ids) <= self.prompt_budget:
             seg.response_ids += turn_ids
@@ -389,11 +397,16 @@ class EpisodeRunner:
         # rebuild happens once every several turns rather than every turn.
         self._new_segment(state, state.history, budget=self.prompt_budget // 2)
 
+    def _user(self, state: EpisodeState, observation: str) -> str:
+        """An observation turn's text, with the episode's experience when it is placed in every turn."""
+        turn = self.experience_placement == "turn" and state.experience is not None
+        return prompts.user_message(observation, state.env, state.experience.text if turn else None)
+
     def _new_segment(self, state: EpisodeState, history: Sequence[tuple[str, str]], budget: int = 0) -> None:
         """Start a training segment: the opening prompt, or (``history`` given) a rebuilt one of at most
         ``budget`` ids, or of at most the whole prompt budget when not even the latest turn fits that."""
-        observation = prompts.user_message(state.observation, state.env)
-        shown = [(prompts.user_message(obs, state.env), action) for obs, action in history]
+        observation = self._user(state, state.observation)
+        shown = [(self._user(state, obs), action) for obs, action in history]
         ids = None
         for limit in dict.fromkeys((budget or self.prompt_budget, self.prompt_budget)):
             try:
