@@ -37,14 +37,15 @@ def cpu_model() -> str:
 
 
 def provenance(command: Sequence[str]) -> dict[str, object]:
-    """The command, commit (and whether tracked files differed from it), CPU, torch's threads, the
-    1-minute load average when it finished, and the time."""
+    """The command, commit (and the tracked files that differed from it: a figure measured under
+    uncommitted code says which), CPU, torch's threads, the 1-minute load average when it finished, and
+    the time."""
     import torch  # heavy: imported only when a figure is written
 
     return {
         "command": " ".join(command),
         "commit": _git("rev-parse", "HEAD") or "unknown",
-        "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "uncommitted_changes": _git("diff", "HEAD", "--name-only").split(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
