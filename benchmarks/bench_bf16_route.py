@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.outputs import write_output  # noqa: E402
+
 MODES = ("float32", "bfloat16-route", "bfloat16-vllm")
 ENGINE_OPTIONS = {"kv_cache_memory_bytes": 3 << 30, "enable_prefix_caching": False}
 
@@ -83,10 +86,15 @@ def main() -> None:
     tokens = results["float32"]["prompt_tokens"]
     print(f"{args.prompts} prompts, {tokens} prompt tokens, {args.new_tokens} new tokens each")
     print("| engine | median s | x float32 | completions equal to vLLM bf16's |\n|---|---|---|---|")
+    rows = []
     for mode, result in results.items():
         median = statistics.median(result["times"])
         same = sum(a == b for a, b in zip(result["completions"], vllm_bf16, strict=True))
         print(f"| {mode} | {median:.1f} | {median / reference:.2f} | {same}/{args.prompts} |")
+        rows.append({"engine": mode, "median s": round(median, 1), "x float32": round(median / reference, 2),
+                     "completions equal to vLLM bf16's": f"{same}/{args.prompts}"})  # fmt: skip
+    figures = {"prompts": args.prompts, "prompt tokens": tokens, "new tokens": args.new_tokens, "rows": rows}
+    write_output("bf16-route", figures)
 
 
 if __name__ == "__main__":

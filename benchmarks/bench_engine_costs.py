@@ -26,6 +26,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.outputs import write_output  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 GiB = 2**30
 
@@ -84,6 +86,13 @@ def main() -> None:
     print(f"prefill: {n * prompt / prefill:,.0f} tokens/s ({n} x {prompt} ids in {prefill:.1f} s)")
     print(f"decode:  {n * more / decode_s:,.0f} tokens/s ({n} x {more} more in {decode_s:.1f} s)")
     engine.close()
+    figures = {f"RSS {name} GiB": round(value, 2) for name, value in rows}
+    figures |= {"engine runtime beyond weights + cache GiB": round(runtime, 2),
+                "engine runtime at start GiB": round(started - imported - weights - args.kv_gib, 2),
+                "a sync's growth GiB": round(synced - loaded, 2), "float32 weights GiB": round(float32, 2),
+                f"prefill tokens/s (batch {n})": round(n * prompt / prefill),
+                f"decode tokens/s (batch {n})": round(n * more / decode_s)}  # fmt: skip
+    write_output("engine-costs", figures)
 
 
 def random_prompts(rng: random.Random, size: int, length: int) -> list[tuple[int, ...]]:

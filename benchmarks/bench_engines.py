@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runnable as a plain script
 
+from benchmarks.outputs import write_output  # noqa: E402
 from trainer.models import default_model_path, load_tokenizer, prepare_default_models  # noqa: E402
 from trainer.rollout import GenerationRequest, make_engine  # noqa: E402
 
@@ -96,6 +97,13 @@ def main(argv: list[str] | None = None) -> None:
             row += f" | {results['vllm'][batch_size] / results['hf'][batch_size]:>6.2f}x"
         print(row)
     print("startup: " + ", ".join(f"{n} {results[n]['startup_s']:.1f} s" for n in names))
+    rows = [{"batch": b} | {f"{n} tok/s": round(results[n][b], 1) for n in names} for b in args.batch_sizes]
+    startup = {f"{n} startup s": round(results[n]["startup_s"], 1) for n in names}
+    figures = {"dtype": args.dtype, "new tokens": args.new_tokens, "repeats": args.repeats, "rows": rows}
+    if names == ["vllm", "hf"]:
+        for row in rows:
+            row["vllm/hf"] = round(row["vllm tok/s"] / row["hf tok/s"], 2)
+    write_output(f"engines-{args.dtype}", figures | startup)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.outputs import write_output  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -144,6 +146,7 @@ def main() -> None:
     keys = ("unusable", "capped", "loops", "entries/answer", "good", "tokens/answer")
     print("| setting | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
+    table = []
     for text in args.setting or DEFAULT_SETTINGS:
         rows = []
         for seed in range(args.seeds):
@@ -158,8 +161,11 @@ def main() -> None:
             )
             rows.append(measure(extractor, requests))
         print(f"| {text} | " + " | ".join(interval([r[k] for r in rows]) for k in keys) + " |", flush=True)
+        table.append({"setting": text} | {k: interval([r[k] for r in rows]) for k in keys})
     engine.close()
     print(f"\n(values: mean over {args.seeds} sampling seeds [95% t-interval])")
+    figures = {"run": args.run, "episodes": len(requests), "seeds": args.seeds, "extractor": str(path)}
+    write_output("extractor-sampling", figures | {"rows": table})
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import requests
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.outputs import write_output  # noqa: E402
 from webapp import webserver  # noqa: E402  (the repository on the path first)
 
 DB = "bench_import"
@@ -251,6 +252,15 @@ def main() -> None:
                 f"{name}: RSS {before[name] / mib:.0f} MiB before, peak {sampler.peak[name] / mib:.0f} MiB "
                 f"(+{growth:.0f} MiB), {after[name] / mib:.0f} MiB after"
             )
+        figures = {"server": args.server, "file MB": round(size / 1e6, 1), "lines": lines,
+                   "vectors": vectors, "upload HTTP status": response.status_code,
+                   "upload request s": round(t_request, 1), "import": job.status if job else "not created",
+                   "entries": job.entries if job else None, "import s": round(t_total, 1)}  # fmt: skip
+        for name in procs:
+            for when, value in (("before", before), ("peak", sampler.peak), ("after", after)):
+                figures[f"{name} RSS {when} MiB"] = round(value[name] / mib)
+            figures[f"{name} growth MiB"] = round((sampler.peak[name] - before[name]) / mib)
+        write_output(f"import-memory-{args.server}", figures)
 
 
 if __name__ == "__main__":

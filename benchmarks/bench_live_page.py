@@ -32,6 +32,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.outputs import write_output  # noqa: E402
 from webapp import webserver  # noqa: E402  (the repository on the path first)
 
 DB_NAME = "bench_live"
@@ -401,6 +402,15 @@ def main() -> None:
     print(f"web server RSS: start {rss.samples[0]:.2f} GiB, peak {max(rss.samples):.2f} GiB, "
           f"end {rss.samples[-1]:.2f} GiB")  # fmt: skip
     print(f"logs: {logs}")
+    ms = [round(float(v) * 1000) for v in np.percentile(lat, [50, 95, 99, 100])] if len(lat) else [None] * 4
+    row = {"server": args.server, "viewers": args.viewers, "disconnects": viewers.dropped,
+           "refused handshakes": viewers.refused, "events missed": f"{missing} of {sent} × {args.viewers}",
+           "p50 ms": ms[0], "p95 ms": ms[1], "p99 ms": ms[2], "max ms": ms[3],
+           "web server RSS (start / peak / end) GiB":
+               f"{rss.samples[0]:.2f} / {max(rss.samples):.2f} / {rss.samples[-1]:.2f}",
+           "import": f"{size_mb:.0f} MB, {status} after {import_s:.0f} s",
+           "tracebacks": tracebacks}  # fmt: skip
+    write_output("live-page", {"rows": [row]})
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_live_page import _export_file, _free_port, _post_import, _wait_http  # noqa: E402
 
+from benchmarks.outputs import write_output  # noqa: E402
 from webapp import dbpool  # noqa: E402
 
 DB_NAME = "bench_load"
@@ -273,6 +274,28 @@ def _percentiles(values: list[float]) -> str:
     return "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms".format(*ms)
 
 
+def _ms(values: list[float], q: float) -> int | None:
+    return round(float(np.percentile(values, q)) * 1000) if values else None
+
+
+def _figures(load: Load, load_s: float, server_log: str, sampler: ConnectionSampler) -> dict:
+    """What the run printed, for its output file: counts, latency percentiles (ms), errors, connections."""
+    figures: dict = {"seconds of load": round(load_s)}
+    for kind, name in (("page", "pages"), ("api", "API")):
+        figures[f"{name} requests"] = sum(load.status[kind].values())
+        figures[f"{name} not 200"] = sum(n for code, n in load.status[kind].items() if code != 200)
+        for q in (50, 95, 99, 100):
+            figures[f"{name} {'max' if q == 100 else f'p{q}'} ms"] = _ms(load.latency[kind], q)
+    figures["slowest path p95 ms"] = max((_ms(v, 95) for v in load.by_path.values()), default=None)
+    figures |= {f"sockets {k}": v for k, v in load.sockets.items()} | {"socket events": load.events}
+    figures["500s in the web server's log"] = len(re.findall(r" 500 ", server_log))
+    figures["tracebacks"] = server_log.count("Traceback")
+    figures["PostgreSQL connections, peak"] = sampler.peak_total
+    figures["connections by role"] = dict(sampler.peak)
+    figures["paths"] = {path: [_ms(v, q) for q in (50, 95, 99, 100)] for path, v in load.by_path.items()}
+    return figures
+
+
 def _pool_bounds(workers: int) -> dict[str, int]:
     """Each role's bound on connections: the web server's processes; the workers' processes (main + pool
     children); the training processes (one per training slot)."""
@@ -382,6 +405,9 @@ def main() -> None:
     for name in sorted(set(sampler.peak) | set(bounds)):
         print(f"connections {name or '(unnamed)'}: peak {sampler.peak[name]}, bound {bounds.get(name, '-')}")
     print(f"connections to {DB_NAME} in all: peak {sampler.peak_total} (PostgreSQL allows 100)")
+    training = "none" if args.no_training else f"{status}, at step {step}"
+    context = {"users": args.users, "load average before": load_before, "training run": training}
+    write_output("load", context | _figures(load, load_s, server_log, sampler))
     if args.keep:
         print(f"logs: {logs}")
     else:

@@ -14,7 +14,9 @@ the plan's), and for the methods that train πϕ the most generations one of its
 (``extractor/trained_samples``; 0: πϕ's backward never ran, so its part of the plan was not exercised).
 ``--set`` changes every config alike, e.g. an env where SmolLM2 earns rewards: ``--set
 env=MiniHack-Room-Random-5x5 --set rollout.max_new_tokens=8 --set rollout.temperature=0.7``. The acceptance
-bound of issue 37: peak within ±25%, step time within ±50%.
+bound of issue 37: peak within ±25%, step time within ±50%. The figures land in
+``docs/benchmarks/results/<--output>.json`` (``benchmarks.outputs``; default ``plan-measured``, or
+``plan-near-limit`` when every config is a near one), which docs/launches.md's tables render.
 
 Run it on a quiet machine: one config at a time, nothing else heavy beside it (a complementary cpu step
 holds ~20 GB here). Timings under other load are not the plan's to match.
@@ -37,6 +39,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.outputs import write_output  # noqa: E402
 from trainer.plan import Devices  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,23 +141,32 @@ def main() -> None:
     parser.add_argument("--only", default=MEASURED, help="comma-separated: " + ", ".join(CONFIGS))
     parser.add_argument("--set", action="append", default=[], help="key=value for every config (repeatable)")
     parser.add_argument("--keep", type=Path, help="copy each run's metrics.jsonl here as NAME.jsonl")
+    parser.add_argument("--output", help="the output's name [plan-measured, or plan-near-limit]")
     args = parser.parse_args()
+    near = all(name.startswith("near-") for name in args.only.split(","))
+    output = args.output or ("plan-near-limit" if near else "plan-measured")
+    figures = {"steps": args.steps, "set": args.set, "ram_gb": 0.0, "rows": []}
     more = [arg for setting in args.set for arg in ("--set", setting)]
     print(
         f"{'config':<14} {'plan GB':>8} {'peak GB':>8} {'ratio':>6} {'plan s':>7} {'step s':>7} {'ratio':>6}"
         f" {'backward':>9} {'πϕ trained':>10} {'plan/RAM':>9}"
     )
     ram = Devices.this_machine().memory
+    figures["ram_gb"] = round(ram / 1e9, 1)
     for name in args.only.split(","):
         config = [*CONFIGS[name], *more]
         plan, nproc = planned(config, args.steps)
         want = plan.device_bytes() * nproc
+        row = {"config": name, "settings": " ".join(CONFIGS[name]), "plan_peak_gb": round(want / 1e9, 1),
+               "plan_step_s": round(plan.step_s), "plan_of_ram": f"{want / ram:.0%}"}  # fmt: skip
+        figures["rows"].append(row)
         argv = [*config, "--steps", str(args.steps), "--set", "eval_every=0"]
         with tempfile.TemporaryDirectory(prefix=f"bench-plan-{name}-") as tmp:
             code, peak = run_measured(argv, Path(tmp))
             if code:
                 died = " (SIGKILL: out of memory?)" if code == -9 else ""
                 print(f"{name:<14} {want / 1e9:>8.1f} failed (exit {code}{died}); peak {peak / 1e9:.1f} GB")
+                row |= {"exit": code, "measured_peak_gb": round(peak / 1e9, 1)}
                 continue
             every = metric_rows(Path(tmp))
             if args.keep:
@@ -169,6 +181,10 @@ def main() -> None:
             f" {extractor_trained(every):>10} {want / ram:>9.0%}"
         )
         print("  medians: " + phases(rows))
+        row |= {"measured_peak_gb": round(peak / 1e9, 1), "measured_step_s": round(step),
+                "steps_trained": f"{trained} of {len(rows)}", "extractor_trained": extractor_trained(every),
+                "medians": phases(rows)}  # fmt: skip
+    write_output(output, figures)
 
 
 if __name__ == "__main__":

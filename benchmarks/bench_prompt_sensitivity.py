@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks.outputs import write_output  # noqa: E402
 
 
 def main() -> None:
@@ -57,6 +58,13 @@ def main() -> None:
         n, wins = len(base), sum(e.success for e in base)
         print(f"actor {actor}, {cfg.env}, {n} eval episodes, greedy; without experience: {wins}/{n} succeed")
         same_total = won_total = 0
+        rows = [
+            {
+                "entry": "(without experience)",
+                "success": f"{wins}/{n}",
+                "identical action sequences": f"{n}/{n}",
+            }
+        ]
         for entry in entries:
             played = play(f"{entry['title']}\n{entry['content']}")
             same = sum(actions(a) == actions(b) for a, b in zip(played, base, strict=True))
@@ -64,11 +72,17 @@ def main() -> None:
             same_total, won_total = same_total + same, won_total + won
             title = entry["title"][:44]
             print(f"  {title:44s} success {won:>3}/{n}   identical action sequences {same:>3}/{n}")
+            row = {"entry": title, "success": f"{won}/{n}", "identical action sequences": f"{same}/{n}"}
+            rows.append(row)
         plays = n * len(entries)
         print(
             f"all {len(entries)} entries: success {won_total}/{plays} (without: {wins * len(entries)}), "
             f"identical action sequences {same_total}/{plays}"
         )
+        rows.append({"entry": f"all {len(entries)} entries", "success": f"{won_total}/{plays}",
+                     "identical action sequences": f"{same_total}/{plays}"})  # fmt: skip
+        figures = {"actor": str(actor), "env": cfg.env, "episodes": n, "rows": rows}
+        write_output("prompt-sensitivity", figures)
     finally:
         runner.close()
         engine.close()

@@ -34,6 +34,8 @@ from bench_dashboard import KEYS  # noqa: E402
 from bench_load import API, PAGES, _users  # noqa: E402
 from throwaway_db import throwaway_database  # noqa: E402
 
+from benchmarks.outputs import write_output  # noqa: E402
+
 
 def _fill(users: int, steps: int, bank: int) -> tuple[int, list[dict]]:
     """The load bench's database, as it is a minute into the load: returns the run's id and the users."""
@@ -182,19 +184,26 @@ def main() -> None:
         size = f"{args.users} users, a run of {args.steps} steps, a bank of {args.bank}"
         print(f"{size}; {args.repeat} requests each through the product's ASGI handler and Django's, in turn")
         total = {"product": [0.0, 0.0], "django": [0.0, 0.0]}
+        rows = []
         for path, auth in paths:
             url = path.format(run=run_id)
             measured = asyncio.run(_measure(url, auth, args.repeat))
-            line = f"  {path:28s}"
+            line, row = f"  {path:28s}", {"request": path}
             for name, (times, cpu) in measured.items():
                 wall, used = statistics.median(times), statistics.median(cpu)
                 total[name][0] += wall
                 total[name][1] += used
                 line += f"  {name} {wall:5.1f} ms (CPU {used:5.1f})"
-            print(f"{line}  {_queries(url, auth):3d} queries")
+                row |= {f"{name} ms": round(wall, 1), f"{name} CPU ms": round(used, 1)}
+            row["queries"] = _queries(url, auth)
+            rows.append(row)
+            print(f"{line}  {row['queries']:3d} queries")
         n = len(paths)
+        mean = {"request": "mean of the medians"}
         for name, (wall, used) in total.items():
             print(f"mean of the medians, {name}: {wall / n:.1f} ms per request, CPU {used / n:.1f} ms")
+            mean |= {f"{name} ms": round(wall / n, 1), f"{name} CPU ms": round(used / n, 1)}
+        write_output("request-cost", {"database": size, "repeat": args.repeat, "rows": [*rows, mean]})
 
 
 def _profile(path: str, auth: dict, repeat: int) -> None:
