@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from trainer import parallel, paths
+from trainer import parallel, paths, runrecord
 from trainer.assemble import file_reporters, train
 from trainer.checkpoint import find_checkpoint, read_checkpoint
 from trainer.config import ConfigError, RunConfig, get_preset
@@ -95,15 +95,26 @@ def out_dir_from_args(args: argparse.Namespace) -> Path:
     return Path(out or paths.var_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S"))
 
 
+def resumed_step(args: argparse.Namespace) -> int:
+    """The step a resumed run goes on from (its checkpoint's), 0 for a fresh run."""
+    return read_checkpoint(args.resume).step if args.resume else 0
+
+
 def run_from_args(args: argparse.Namespace, stdout: IO[str] | None = None) -> Metrics:
     cfg = config_from_args(args)
     out = out_dir_from_args(args)
     reporter = file_reporters(out, ConsoleReporter(stdout)) if is_rank_zero() else None
+    if is_rank_zero():
+        runrecord.start_attempt(out, cfg, resumed_step(args), sys.argv)
+    status = "failed"
     try:
         metrics, loop = train(cfg, out_dir=out, resume=args.resume, reporter=reporter)
         parallel.barrier()
+        status = "succeeded"
     finally:
         parallel.destroy()
+        if is_rank_zero():
+            runrecord.finish(out, status)
     if is_rank_zero():
         print(f"run folder: {out}; last checkpoint: {loop.last_checkpoint}", file=stdout or sys.stdout)
     return metrics

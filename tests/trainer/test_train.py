@@ -153,6 +153,16 @@ def test_a_checkpoint_evaluates_on_its_own_vllm_engine(first_run):
     assert 0 <= metrics["eval/success"] <= 1 and 1 <= metrics["eval/actions"] <= CFG.rollout.turn_limit
 
 
+def test_a_resumed_run_records_the_step_its_checkpoint_holds(first_run):
+    import argparse
+
+    from trainer.train import resumed_step
+
+    out = first_run[0]
+    assert resumed_step(argparse.Namespace(resume=str(out))) == read_checkpoint(out).step == 2
+    assert resumed_step(argparse.Namespace(resume=None)) == 0
+
+
 def test_resuming_with_a_different_config_is_refused(first_run, engine):
     out, _, _, _ = first_run
     with pytest.raises(ConfigError, match=r"actor\.lr: 0\.0001 in the checkpoint, 0\.001 now"):
