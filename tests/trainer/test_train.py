@@ -9,6 +9,7 @@ start next to the stairs: rollouts then differ in outcome and the update has a s
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 
@@ -23,7 +24,7 @@ from trainer.evaluate import evaluate_checkpoint
 from trainer.models import default_model_path, load_causal_lm, prepare_default_models
 from trainer.report import ConsoleReporter, Reporters
 from trainer.rollout.base import sequence_logprobs
-from trainer.train import config_from_args, main, train
+from trainer.train import config_from_args, main, resumed_step, train
 
 # Small enough for this machine; sampled at 0.7 so that rollouts of one task differ in outcome.
 # Seed 112: the instances of steps 1, 2 and 3 are each one move from the stairs.
@@ -154,12 +155,8 @@ def test_a_checkpoint_evaluates_on_its_own_vllm_engine(first_run):
 
 
 def test_a_resumed_run_records_the_step_its_checkpoint_holds(first_run):
-    import argparse
-
-    from trainer.train import resumed_step
-
-    out = first_run[0]
-    assert resumed_step(argparse.Namespace(resume=str(out))) == read_checkpoint(out).step == 2
+    out = first_run[0]  # an earlier test may have resumed it one step further
+    assert resumed_step(argparse.Namespace(resume=str(out))) == read_checkpoint(out).step >= 2
     assert resumed_step(argparse.Namespace(resume=None)) == 0
 
 
