@@ -81,12 +81,22 @@ def prepare_default_models(dest: Path | None = None) -> Path:
     return dest
 
 
+def require_checkpoint(path: Path) -> Path:
+    """``path``, or ``ModelNotFound`` saying how to get a model there when it holds none."""
+    if not is_checkpoint(path):
+        raise ModelNotFound(
+            f"no model checkpoint in {path}: run `python manage.py prepare_models` "
+            "for the default one, or point the config at a Hugging Face model folder"
+        )
+    return path
+
+
 def load_tokenizer(path: Path | str):
     """The tokenizer (with its chat template) of a local model folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer  # heavy (seconds), and imported after HF_HUB_OFFLINE is set
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(require_checkpoint(Path(path))))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -99,10 +109,5 @@ def load_causal_lm(path: Path | str, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
-    if not is_checkpoint(path):
-        raise ModelNotFound(
-            f"no model checkpoint in {path}: run `python manage.py prepare_models` "
-            "for the default one, or point the config at a Hugging Face model folder"
-        )
+    path = require_checkpoint(Path(path))
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.models import ModelNotFound, default_model_path, load_causal_lm
+from trainer.models import ModelNotFound, default_model_path, load_causal_lm, load_tokenizer
 from trainer.rollout import EngineError, GenerationRequest, engine_class, make_engine, sequence_logprobs
 from trainer.rollout.base import native_bf16, resolve_dtype
 
@@ -93,3 +93,8 @@ def test_the_native_dtype_is_bf16_exactly_where_the_cpu_has_bf16_instructions(mo
     assert [resolve_dtype(d) for d in ("float32", "bfloat16", "auto")] == ["float32", "bfloat16", "auto"]
     engine = make_engine("hf", default_model_path(), dtype="native")
     assert engine.model.dtype == getattr(torch, resolve_dtype("native"))
+
+
+def test_a_missing_model_folder_names_the_command_that_prepares_it_before_any_hub_lookup(tmp_path):
+    with pytest.raises(ModelNotFound, match=r"checkpoint in .*nothing-here: run `python manage.py prepare_"):
+        load_tokenizer(tmp_path / "nothing-here")
