@@ -6,16 +6,18 @@ needs the other to send a run."""
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from trainer.config import ConfigError, RunConfig
 from webapp.celery import app
 from webapp.events import broadcast_run_event
 from webapp.models import Run
-from webapp.workers import check, place, registered
+from webapp.workers import check, place, registered, wait_reason
 
 TRAIN_TASK = "webapp.tasks.train_run"
+WAITING = "Waiting for memory"
+"""How the notice of a run that waits for its worker's memory begins (``webapp.workers.wait_reason``)."""
 
 
 def run_send(run_id: int, queue: str | None) -> None:
@@ -76,3 +78,26 @@ def run_hand_on(run: Run, node: str) -> str | None:
         status=Run.Status.FAILED, error=f"Refused by {node}: {why}", finished_at=timezone.now()
     )
     return Run.Status.FAILED
+
+
+def run_admission(run: Run, node: str) -> str | None:
+    """Called by the worker ``node`` in the transaction that claims ``run``: why it must wait (its planned
+    peak does not fit beside the runs ``node`` trains; the run's notice says so), else None. Holds a lock
+    per node until the transaction ends, so two slots of one worker never both admit against the same
+    free memory."""
+    me = registered(node)
+    if me is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"admission:{node}"])
+    others = Run.objects.filter(status=Run.Status.RUNNING, worker__startswith=f"{node}:").exclude(pk=run.pk)
+    try:
+        training = [(o.pk, RunConfig.from_dict(o.config)) for o in others if not o.is_lost]
+        why = wait_reason(RunConfig.from_dict(run.config), me, training)
+    except ConfigError:
+        return None  # an unreadable config: the training reports why
+    if why is not None:
+        Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(notice=why)
+    else:
+        Run.objects.filter(pk=run.pk, notice__startswith=WAITING).update(notice="")
+    return why

@@ -33,10 +33,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -75,10 +76,20 @@ def holder_name(worker: str) -> str:
     return f"{worker.split('@')[0]}@{socket.gethostname()}:{os.getpid()}"
 
 
-def claim_and_train(run: Run, *, worker: str) -> str:
+class RunWaits(Exception):
+    """The worker may not start the run yet (the message says why); its task is to come back later."""
+
+
+def claim_and_train(run: Run, *, worker: str, admit: Callable[[], str | None] = lambda: None) -> str:
     """Claim ``run`` for ``worker`` and train it in supervised child processes: its final status, or a note
-    when another worker has it."""
-    if not run.claim(holder_name(worker)):
+    when another worker has it. ``admit``, called in the claim's transaction: why the run must wait
+    (raised as ``RunWaits``), or None."""
+    with transaction.atomic():
+        why = admit()
+        claimed = why is None and run.claim(holder_name(worker))
+    if why is not None:
+        raise RunWaits(why)
+    if not claimed:
         return f"run {run.pk} not claimed: {run.status}"
     while True:
         code = train_in_child(run.pk, nproc=int(run.config.get("nproc", 1)))

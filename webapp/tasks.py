@@ -18,8 +18,8 @@ from trainer.config import ConfigError
 from trainer.models import ModelNotFound
 from webapp.events import broadcast_run_event
 from webapp.models import Run
-from webapp.queueing import run_enqueue, run_hand_on
-from webapp.supervisor import MAX_RESTARTS, claim_and_train
+from webapp.queueing import run_admission, run_enqueue, run_hand_on
+from webapp.supervisor import MAX_RESTARTS, RunWaits, claim_and_train
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,19 @@ def ping(payload: str = "pong") -> dict:
     return {"payload": payload, "worker_pid": os.getpid(), "host": socket.gethostname()}
 
 
+ADMISSION_RETRY_S = 30
+"""How often a run that waits for memory on its worker asks again."""
+
+
 @shared_task(bind=True, name="webapp.tasks.train_run", acks_late=True, reject_on_worker_lost=True)
 def train_run(self, run_id: int) -> str:
     """Train one run on this worker. Safe to deliver twice: only one worker can claim the run.
 
     A run whose worker died (heartbeat stale, or its claiming process gone) is claimed again when its task
     is redelivered or requeued (``requeue_lost_runs``), and resumes from its last checkpoint. A run this
-    worker's devices do not fit is handed on to one whose do (``webapp.queueing.run_hand_on``).
+    worker's devices do not fit is handed on to one whose do (``webapp.queueing.run_hand_on``); one whose
+    planned peak does not fit beside the runs this worker trains waits, its notice saying why
+    (``webapp.queueing.run_admission``).
     """
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -53,7 +59,11 @@ def train_run(self, run_id: int) -> str:
         if handed == Run.Status.FAILED:
             broadcast_run_event(run_id, {"kind": "status", "status": handed})
         return handed
-    status = claim_and_train(run, worker=node)
+    try:
+        status = claim_and_train(run, worker=node, admit=lambda: run_admission(run, node))
+    except RunWaits as waiting:  # this worker's memory is taken by the runs it trains
+        broadcast_run_event(run_id, {"kind": "status", "status": run.display_status, "notice": str(waiting)})
+        raise self.retry(countdown=ADMISSION_RETRY_S, max_retries=None) from None
     if status in Run.Status.values:  # it was claimed here and has ended
         broadcast_run_event(run_id, {"kind": "status", "status": status})
     return status

@@ -319,6 +319,29 @@ def place(
     return Placement(chosen, checks, shared if everyone_fits and not exclude else chosen.worker.queue)
 
 
+def planned_bytes(cfg: RunConfig, worker: Worker) -> int:
+    """What a run of ``cfg`` takes of ``worker``'s memory at its planned peak: every process's peak."""
+    plan = check(cfg, worker).plan
+    return plan.device_bytes() * plan.nproc
+
+
+def wait_reason(cfg: RunConfig, worker: Worker, training: list[tuple[int, RunConfig]]) -> str | None:
+    """Why ``worker`` should not start a run of ``cfg`` beside the runs it trains (``training``: their ids
+    and configs): their planned peaks and this one's add up to more than its memory. None: start it. A run
+    that fits the worker alone always starts on an idle one."""
+    if not training:
+        return None
+    need, total = planned_bytes(cfg, worker), worker.devices.memory * worker.devices.count
+    taken = [(pk, planned_bytes(other, worker)) for pk, other in training]
+    if need + sum(b for _, b in taken) <= total:
+        return None
+    beside = ", ".join(f"run {pk} (planned {_gb(b)})" for pk, b in taken)
+    return (
+        f"Waiting for memory on {worker.node}: this run's planned peak of {_gb(need)} does not fit beside "
+        f"{beside} in its {_gb(total)}; it starts when one of them ends."
+    )
+
+
 def place_all(configs: list[RunConfig]) -> Placement:
     """The placement of each config (an experiment's cells); the first refused one, else the first."""
     placements = [place(cfg) for cfg in configs]

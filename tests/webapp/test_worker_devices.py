@@ -10,14 +10,16 @@ import uuid
 from dataclasses import replace
 
 import pytest
+from celery.exceptions import Retry
 from django.core.management import CommandError, call_command
 
 from tests.conftest import wait_for, workers_running
-from trainer.config import get_preset
+from trainer.config import RunConfig, get_preset
 from trainer.plan import Devices, PlanError
 from webapp.celery import app
 from webapp.models import Run
-from webapp.queueing import run_hand_on
+from webapp.queueing import run_admission, run_hand_on
+from webapp.tasks import train_run
 from webapp.workers import (
     DEVICES_ENV,
     REGISTRY_ENV,
@@ -27,6 +29,7 @@ from webapp.workers import (
     configured_devices,
     live_workers,
     place,
+    planned_bytes,
     register,
     registry_key,
     stand_in,
@@ -149,6 +152,37 @@ def test_a_worker_hands_on_a_run_its_devices_do_not_fit_and_fails_it_when_no_wor
     assert run.error.startswith(
         "Refused by gpu1@b: no worker can run it: it needs 4 devices, the worker has 1"
     )
+
+
+def test_a_worker_training_a_run_planned_at_19_gb_does_not_start_a_second_that_does_not_fit_beside_it(user):
+    box, big = worker("cpu@d", "cpu:24GB", slots=2), worker("cpu@e", "cpu:64GB", slots=2)
+    register(box)
+    register(big)
+    first, second = _queued_run(user), _queued_run(user)
+    planned = planned_bytes(RunConfig.from_dict(first.config), box)
+    assert 18e9 < planned <= 24e9 < 2 * planned  # each fits the box alone, not both together
+    assert run_admission(first, box.node) is None and first.claim(f"{box.node}:101")
+
+    assert run_admission(second, box.node) == (
+        f"Waiting for memory on cpu@d: this run's planned peak of {planned / 1e9:.1f} GB does not fit beside "
+        f"run {first.pk} (planned {planned / 1e9:.1f} GB) in its 24.0 GB; it starts when one of them ends."
+    )
+    second.refresh_from_db()
+    assert second.status == Run.Status.QUEUED and second.notice.startswith("Waiting for memory on cpu@d")
+    assert run_admission(second, big.node) is None  # another worker's memory is its own
+    train_run.push_request(hostname=box.node)
+    try:
+        with pytest.raises(Retry):  # the task comes back later; nothing was started
+            train_run.run(second.pk)
+    finally:
+        train_run.pop_request()
+    second.refresh_from_db()
+    assert second.status == Run.Status.QUEUED and second.worker == "" and second.started_at is None
+
+    first.finish(Run.Status.SUCCEEDED)
+    assert run_admission(second, box.node) is None
+    second.refresh_from_db()
+    assert second.notice == ""  # the page no longer says it waits
 
 
 @pytest.mark.django_db(transaction=True)
