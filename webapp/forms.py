@@ -14,6 +14,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import BadRequest
 from django.core.validators import RegexValidator
+from django.forms.utils import pretty_name
 from django.http import QueryDict
 
 from experience.selectors import PruneRule
@@ -294,6 +295,14 @@ class LaunchForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
     )
 
+    def _in_form_words(self, message: str) -> str:
+        """A config error about a field of this form in its words: each config key it has a field for, by
+        the field's label ("K (rollouts per task) must be even", not "k_rollouts must be even")."""
+        for name, key in sorted(CONFIG_FIELDS.items(), key=lambda kv: -len(kv[1])):
+            label = self.fields[name].label or pretty_name(name)
+            message = re.sub(rf"(?<![\w.']){re.escape(key)}(?![\w.'])", label, message)
+        return message
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["env"].choices = env_choices()
@@ -364,7 +373,7 @@ class LaunchForm(forms.Form):
             field = _field_for(str(err))
             if field is None and any(str(err).find(repr(k)) >= 0 for k in data["overrides"]):
                 field = "overrides"
-            self.add_error(field, str(err))
+            self.add_error(field, self._in_form_words(str(err)) if field in CONFIG_FIELDS else str(err))
             return data
         last_seed = config.seed + data["n_seeds"] - 1
         if last_seed > 2**31 - 1:

@@ -119,9 +119,9 @@ def test_launching_n_seeds_creates_n_runs_with_consecutive_seeds(
 @pytest.mark.parametrize(
     ("changes", "field", "words"),
     [
-        ({"k_rollouts": 7}, "k_rollouts", "must be even"),
-        ({"actor_lr": -1}, "actor_lr", "actor.lr must be above 0"),
-        ({"steps": 0}, "steps", "steps must be at least 1"),
+        ({"k_rollouts": 7}, "k_rollouts", "K (rollouts per task) must be even"),
+        ({"actor_lr": -1}, "actor_lr", "Actor learning rate must be above 0"),
+        ({"steps": 0}, "steps", "Steps must be at least 1"),
         ({"env": "NoSuchEnv"}, "env", "Select a valid choice"),
         ({"method": "grpo", "no_merge": "on"}, "no_merge", "uses none"),
         ({"n_seeds": 99}, "n_seeds", "less than or equal to 16"),
