@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.utils import timezone
 
 from tests.conftest import wait_for
@@ -208,6 +210,39 @@ def test_a_lost_run_is_claimed_again_and_a_live_one_is_not(make_run):
     lost = Run.objects.get(pk=run.pk)
     assert lost.display_status == "lost"
     assert lost.claim("w2") and lost.worker == "w2" and lost.display_status == Run.Status.RUNNING
+
+
+def _claim_at_once(runs: list[Run], workers: tuple[str, ...]) -> dict[int, list[str]]:
+    """Every worker claims every run, all workers at the same moment (one thread and database connection
+    each, released together by a barrier): who got each run."""
+    barrier, got = threading.Barrier(len(workers)), {run.pk: [] for run in runs}
+
+    def claims(worker: str) -> None:
+        try:
+            for run in runs:
+                barrier.wait(timeout=30)
+                if Run.objects.get(pk=run.pk).claim(worker):
+                    got[run.pk].append(worker)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claims, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return got
+
+
+def test_two_workers_claiming_the_same_runs_at_the_same_moment_get_each_run_once(make_run):
+    queued = [make_run() for _ in range(30)]
+    got = _claim_at_once(queued, ("w1@a:1", "w2@b:2"))
+    assert all(len(who) == 1 for who in got.values()), got
+    for run in queued:
+        assert Run.objects.get(pk=run.pk).worker == got[run.pk][0]
+    Run.objects.filter(pk__in=got).update(heartbeat_at=timezone.now() - timedelta(hours=1))  # all lost
+    again = _claim_at_once(queued, ("w3@c:3", "w4@d:4"))
+    assert all(len(who) == 1 for who in again.values()), again  # a lost run, too, is taken once
 
 
 def test_manage_py_train_records_its_run_for_the_dashboard(user, tmp_path):
