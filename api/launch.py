@@ -124,7 +124,7 @@ def launch_form(changes: LaunchChanges, *, base: dict[str, Any], defaults: dict[
         "experiment_methods": changes.experiment_methods,
         "experiment_seeds": changes.experiment_seeds,
     }
-    return LaunchForm(data)
+    return LaunchForm(data, by_label=False)  # the API names settings by their keys
 
 
 def preset_base(preset: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import re
@@ -71,6 +72,13 @@ def _one_of(name: str, value: str, choices: typing.Iterable[str]) -> None:
     _require(value in choices, f"{name} must be one of {', '.join(choices)} (got {value!r})")
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A config dataclass's field types and names (resolving the types is slow; every config parse needs
+    them)."""
+    return typing.get_type_hints(cls), tuple(f.name for f in dataclasses.fields(cls))
+
+
 class _Section:
     """Dict round-trip and dotted overrides shared by every config dataclass."""
 
@@ -87,8 +95,7 @@ class _Section:
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"{_prefix.rstrip('.') or 'config'} must be a table of keys (got {data!r})")
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        hints, names = _fields_of(cls)
         for key in data:
             if key not in names:
                 raise ConfigError(_unknown_key(_prefix + str(key), key, names, _prefix.rstrip(".")))

@@ -295,6 +295,8 @@ class Plan:
     step_s: float
     eval_s: float
     notes: tuple[str, ...] = field(default=())
+    blockers: tuple[str, ...] = field(default=())
+    """Why it cannot start whatever the memory (an engine's KV cache that cannot hold one context)."""
 
     def device_bytes(self) -> int:
         """Peak bytes per device: everything on CPU, where host and device are one memory."""
@@ -312,6 +314,12 @@ class Plan:
 
     def shortfall(self, devices: Devices) -> str | None:
         """Why the plan does not fit ``devices`` (None when it does)."""
+        memory = self._memory_shortfall(devices)
+        if self.blockers:
+            return self.blockers[0] + (f"; even then {memory}" if memory else "")
+        return memory
+
+    def _memory_shortfall(self, devices: Devices) -> str | None:
         if devices.kind != self.kind:
             return f"it is planned for {self.kind} devices, the worker has {devices.kind}"
         if devices.count < self.nproc:
@@ -383,7 +391,29 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
             "every rank plays its share of the guided and of the free episodes; rank 0 (the figures above) "
             "holds the bank, answers every rank's retrievals and runs the extractor track",
         )
-    return Plan(tuple(parts), nproc, kind, step_s, eval_s, notes)
+    blockers = _cache_blockers(cfg, actor, extractor, kind)
+    return Plan(tuple(parts), nproc, kind, step_s, eval_s, notes, blockers)
+
+
+def _cache_blockers(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind: str) -> tuple[str, ...]:
+    """A vLLM engine whose KV cache cannot hold one ``rollout.context_tokens`` sequence does not start."""
+    if cfg.rollout.engine != "vllm":
+        return ()
+    caches = [("rollout.kv_cache_gib", cfg.rollout.kv_cache_gib, actor)]
+    if cfg.uses_experience:
+        key = "extractor.kv_cache_gib" if cfg.extractor.kv_cache_gib else "rollout.kv_cache_gib"
+        caches.append((key, cfg.extractor.kv_cache_gib or cfg.rollout.kv_cache_gib, extractor))
+    out = []
+    for key, gib, shape in caches:
+        per_token = shape.kv_bytes_per_token(DTYPE_BYTES[engine_dtype(cfg.rollout.dtype, shape, kind)])
+        need = cfg.rollout.context_tokens * per_token
+        if gib * GiB < need:
+            tokens, least = int(gib * GiB) // per_token, math.ceil(need / GiB * 100) / 100
+            out.append(
+                f"{key} = {gib:g} holds {tokens:,} tokens, less than one context (rollout.context_tokens = "
+                f"{cfg.rollout.context_tokens:,}): vLLM would not start; set {key} to at least {least:g}"
+            )
+    return tuple(dict.fromkeys(out))
 
 
 # ---- trained models -------------------------------------------------------------------------------
@@ -505,6 +535,7 @@ def _engine_parts(role, shape, cfg, cache_gib, kind, live) -> list[Part]:
     per_token = shape.kv_bytes_per_token(size)
     runtime = []
     if cfg.rollout.engine == "vllm":
+        # at least one context: a smaller cache is also a blocker (``_cache_blockers``)
         cache = max(int(cache_gib * GiB), cfg.rollout.context_tokens * per_token)
         label = f"{role} engine: KV cache ({cache // per_token:,} tokens)"
         if kind == "cpu":
@@ -603,20 +634,164 @@ def _eval_seconds(cfg: RunConfig, actor: ModelShape, kind: str, nproc: int) -> f
 
 def refusal(cfg: RunConfig, devices: Devices, nproc: int | None = None) -> str | None:
     """None when ``cfg`` fits ``devices`` on ``nproc`` (default: ``cfg.nproc``) of them; otherwise why not,
-    with the plan's numbers and a fix (a preset that fits here, or how many GPUs with FSDP would). What the
-    launch form and the API call before accepting a run."""
+    with the plan's numbers and its fixes: the settings that, each lowered to the value named, make it fit
+    (``setting_fixes``), a preset that fits here, and how many GPUs with FSDP would. What the launch form
+    and the API call before accepting a run."""
     plan = plan_run(cfg, devices, nproc=nproc)
     why = plan.shortfall(devices)
     if why is None:
         return None
+    fixes = [_lower(fix) for fix in setting_fixes(cfg, devices, plan.nproc)[:2]]
+    if plan.blockers:
+        return "; or ".join([why, *fixes])
     largest = max(plan.parts, key=lambda p: p.bytes)
-    fixes = [f"{name!r}" for name in _presets_that_fit(devices)]
-    fix = f"use preset {' or '.join(fixes)}" if fixes else "shrink the largest part"
+    presets = [f"{name!r}" for name in _presets_that_fit(devices)]
+    fixes += [f"use preset {' or '.join(presets)}"] if presets else []
     gpus = _gpus_that_fit(cfg)
     if gpus:
         how = "1 GPU of 80 GB" if gpus == 1 else f"{gpus} × 80 GB GPUs with FSDP"
-        fix += f", or {how} (--devices {gpus}x80GB --nproc {gpus})"
+        fixes.append(f"{how} (--devices {gpus}x80GB --nproc {gpus})")
+    fix = ", or ".join(fixes) or "shrink the largest part"
     return f"{why}; the largest part is {largest.name} ({_gb(largest.bytes)}); {fix}"
+
+
+def _lower(fix: dict[str, float]) -> str:
+    return "lower " + " and ".join(f"{key} to {value:g}" for key, value in fix.items())
+
+
+SHRINKABLE = (
+    "nproc",
+    "rollout.kv_cache_gib",
+    "extractor.kv_cache_gib",
+    "rollout.context_tokens",
+    "rollout.max_new_tokens",
+    "actor.micro_batch_size",
+    "extractor.micro_batch_size",
+    "tasks_per_step",
+    "eval_episodes",
+    "rollout.turn_limit",
+    "extractor.trajectory_chars",
+)
+"""Settings whose smaller values need less memory or time: where a refusal looks for its fix."""
+
+
+def setting_fixes(cfg: RunConfig, devices: Devices, nproc: int) -> list[dict[str, float]]:
+    """Changes that make ``cfg`` fit ``devices``, the least first: one setting lowered to the value given
+    (the largest found that fits); where none does on a CPU machine shared by ``nproc`` processes, one
+    process with one setting lowered."""
+    fixes = _single_fixes(cfg, devices)
+    if fixes:
+        return fixes
+    if devices.kind == "cpu" and nproc > 1:
+        whole = Devices("cpu", devices.memory * devices.count)
+        alone = cfg.with_overrides(nproc=1)
+        fixes = [{"nproc": 1} | fix for fix in _single_fixes(alone, whole)]
+        return fixes or [{"nproc": 1} | fix for fix in _combined_fix(alone, whole)]
+    return _combined_fix(cfg, devices)
+
+
+def _combined_fix(cfg: RunConfig, devices: Devices) -> list[dict[str, float]]:
+    """Several settings lowered together (none alone is enough): halve, one at a time, the setting whose
+    halving helps most until the plan fits, then raise each back as far as it still fits."""
+    changes: dict[str, float] = {}
+    for _ in range(60):
+        if _fits_with(cfg, changes, devices):
+            break
+        tried = [
+            (_excess(cfg, changes | {key: half}, devices), key, half) for key, half in _halvings(cfg, changes)
+        ]
+        tried = [t for t in tried if t[0] is not None]
+        if not tried:
+            return []
+        _, key, half = min(tried)
+        changes[key] = half
+    else:
+        return []
+    for key in list(changes):  # raise each back: the largest value that fits with the others
+        others = {k: v for k, v in changes.items() if k != key}
+        changes[key] = _largest_that_fits(cfg, key, _setting(cfg, key), devices, changes[key], others)
+    return [changes]
+
+
+def _halvings(cfg: RunConfig, changes: dict[str, float]) -> list[tuple[str, float]]:
+    out = []
+    for key in SHRINKABLE[1:]:  # not nproc
+        now = changes.get(key, _setting(cfg, key))
+        half = now // 2 if isinstance(now, int) else now / 2 if now else None
+        if half:
+            out.append((key, half))
+    return out
+
+
+def _excess(cfg: RunConfig, changes: dict[str, float], devices: Devices) -> float | None:
+    """How far the changed config is from fitting (its memory or its slowest phase over the limit, the
+    larger ratio); None when the change is not a valid config."""
+    try:
+        plan = plan_run(cfg.with_overrides(**changes), devices)
+    except ConfigError:
+        return None
+    return max(plan.device_bytes() / devices.memory, max(plan.step_s, plan.eval_s) / (MAX_PHASE_HOURS * 3600))
+
+
+def _single_fixes(cfg: RunConfig, devices: Devices) -> list[dict[str, float]]:
+    found = []
+    for key in SHRINKABLE:
+        now = _setting(cfg, key)
+        if not now or (key == "nproc" and (devices.kind != "cpu" or now < 2)):
+            continue
+        value = _largest_that_fits(cfg, key, now, devices)
+        if value is not None:
+            found.append((value / now, {key: value}))
+    return [fix for _, fix in sorted(found, key=lambda f: -f[0])]
+
+
+def _setting(cfg: RunConfig, key: str) -> float | None:
+    node: object = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node  # type: ignore[return-value]
+
+
+def _fits_with(cfg: RunConfig, changes: dict[str, float], devices: Devices) -> bool:
+    try:
+        changed = cfg.with_overrides(**changes)
+        if "nproc" in changes:  # processes on one CPU machine share its memory
+            devices = Devices("cpu", devices.memory * devices.count).shared_by(changed.nproc)
+        return plan_run(changed, devices, nproc=changed.nproc).fits(devices)
+    except ConfigError:  # PlanError too
+        return False
+
+
+def _largest_that_fits(
+    cfg: RunConfig,
+    key: str,
+    now: float,
+    devices: Devices,
+    low: float | None = None,
+    others: dict | None = None,
+) -> float | None:
+    """The largest value of ``key`` below ``now`` that fits (whole numbers for whole-number settings; two
+    significant digits otherwise), or None when no halving of it does. ``low``: a value known to fit;
+    ``others``: settings changed with it."""
+    others = others or {}
+    whole, high = isinstance(now, int), now
+    if low is None:
+        low = now // 2 if whole else now / 2
+        while not _fits_with(
+            cfg, others | {key: low}, devices
+        ):  # halve until one fits (not monotone: too small a
+            high, low = low, (low // 2 if whole else low / 2)  # cache or context does not fit either)
+            if low < (1 if whole else now / 2**20):
+                return None
+    for _ in range(40):  # bisect: low fits, high does not
+        mid = (low + high) // 2 if whole else math.sqrt(low * high)
+        if mid in (low, high) or (not whole and high / low < 1.01):
+            break
+        low, high = (mid, high) if _fits_with(cfg, others | {key: mid}, devices) else (low, mid)
+    if whole:
+        return int(low)
+    scale = 10 ** (1 - math.floor(math.log10(low)))  # two significant digits, rounded down
+    return math.floor(low * scale) / scale
 
 
 def _presets_that_fit(devices: Devices) -> list[str]:

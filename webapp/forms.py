@@ -303,8 +303,11 @@ class LaunchForm(forms.Form):
             message = re.sub(rf"(?<![\w.']){re.escape(key)}(?![\w.'])", label, message)
         return message
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, by_label: bool = True, **kwargs: Any) -> None:
+        """``by_label``: a config error names a setting by its field's label (the page), else by its key
+        (the API)."""
         super().__init__(*args, **kwargs)
+        self.by_label = by_label
         self.fields["env"].choices = env_choices()
         self.templates = config_templates()
         self.fields["template"].choices = [("", "none: the preset's values")] + [
@@ -373,7 +376,8 @@ class LaunchForm(forms.Form):
             field = _field_for(str(err))
             if field is None and any(str(err).find(repr(k)) >= 0 for k in data["overrides"]):
                 field = "overrides"
-            self.add_error(field, self._in_form_words(str(err)) if field in CONFIG_FIELDS else str(err))
+            worded = self.by_label and field in CONFIG_FIELDS
+            self.add_error(field, self._in_form_words(str(err)) if worded else str(err))
             return data
         last_seed = config.seed + data["n_seeds"] - 1
         if last_seed > 2**31 - 1:

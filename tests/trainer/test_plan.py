@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -185,6 +186,51 @@ def test_every_accepted_config_has_a_predicted_peak_under_the_boxs_memory(
     if refusal(cfg, BOX) is None:
         assert plan.device_bytes() <= BOX.memory
         assert max(plan.step_s, plan.eval_s) <= planmod.MAX_PHASE_HOURS * 3600
+
+
+FIX = re.compile(r"(?:lower|and) (\S+) to ([\d.e+-]+)")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    st.fixed_dictionaries({}, optional=NUMERIC),
+    st.sampled_from(["grpo", "complementary"]),
+    st.sampled_from([1, 2]),
+)
+def test_each_refusal_names_settings_whose_named_value_fits(overrides: dict, method: str, nproc: int) -> None:
+    try:
+        cfg = get_preset("cpu").with_overrides(method=method, nproc=nproc, **overrides)
+    except ConfigError:
+        return
+    here = BOX.shared_by(nproc)
+    message = refusal(cfg, here)
+    if message is None:
+        return
+    fixes = [dict(FIX.findall(fix)) for fix in re.split(r"; |, or ", message) if fix.startswith("lower ")]
+    event(f"refused, {len(fixes)} setting fixes")
+    named = ("use preset", "--devices", "set rollout.kv_cache_gib to at least")
+    assert fixes or any(words in message for words in named), message
+    for fix in fixes:
+        fixed = cfg.with_overrides(
+            **{k: float(v) if "." in v or "e" in v else int(v) for k, v in fix.items()}
+        )
+        assert refusal(fixed, BOX.shared_by(fixed.nproc)) is None, (message, fix)
+
+
+def test_a_kv_cache_that_cannot_hold_one_context_does_not_fit_and_says_how_much_would() -> None:
+    message = refusal(get_preset("cpu").with_overrides(**{"rollout.kv_cache_gib": 0.0001}), BOX)
+    assert message is not None and message.startswith(
+        "rollout.kv_cache_gib = 0.0001 holds 4 tokens, less than"
+    )
+    least = float(message.rsplit("set rollout.kv_cache_gib to at least ", 1)[1].split(";")[0])
+    assert refusal(get_preset("cpu").with_overrides(**{"rollout.kv_cache_gib": least}), BOX) is None
+
+
+def test_a_refusal_names_the_setting_that_is_too_large_before_any_preset() -> None:
+    big_cache = refusal(get_preset("cpu").with_overrides(**{"rollout.kv_cache_gib": 4096}), BOX)
+    assert "; lower rollout.kv_cache_gib to 6, or use preset 'cpu'" in big_cache
+    two = get_preset("cpu").with_overrides(nproc=2)
+    assert "lower nproc to 1" in refusal(two, BOX.shared_by(2))
 
 
 def test_the_command_line_prints_the_plan_and_refuses(capsys) -> None:

@@ -132,7 +132,8 @@ def test_the_plan_partial_shows_the_table_for_a_launch_that_fits_and_the_refusal
     refused = client.post(reverse("run_launch_plan"), absurd_form(ABSURD["a 4 TiB KV cache"])[1])
     assert 'id="plan-refusal">Refused: no worker can run this launch' in refused.content.decode()
     broken = client.post(reverse("run_launch_plan"), form_data(get_preset("cpu"), k_rollouts=3))
-    assert 'id="plan-pending"' in broken.content.decode() and "k_rollouts" in broken.content.decode()
+    page = broken.content.decode()
+    assert 'id="plan-pending"' in page and "K (rollouts per task)" in page
     assert not Run.objects.exists()
 
 
