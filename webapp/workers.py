@@ -30,7 +30,8 @@ import redis
 from django.conf import settings
 
 from trainer.config import RunConfig
-from trainer.plan import Devices, Plan, PlanError, plan_run, refusal
+from trainer.fit import refusal
+from trainer.plan import Devices, Plan, PlanError, plan_run
 from webapp.models import Run
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from trainer import fit
 from trainer import plan as planmod
 from trainer.config import ConfigError, get_preset
-from trainer.plan import GB, Devices, ModelShape, model_shape, plan_run, refusal
+from trainer.fit import refusal
+from trainer.plan import GB, Devices, ModelShape, model_shape, plan_run
 
 BOX = Devices("cpu", 24 * GB)  # this machine: 24 GB, one CPU device
 SMOLLM2 = {
@@ -103,13 +105,13 @@ def test_resource_absurd_values_are_refused_with_the_plans_numbers(overrides: di
     message = refusal(cfg, BOX)
     assert message is not None
     assert "1 × 24 GB RAM" in message
-    assert f"needs {planmod._gb(plan.device_bytes())} per device" in message or "would take" in message
+    assert f"needs {planmod.gb_text(plan.device_bytes())} per device" in message or "would take" in message
 
 
 def test_the_paper_preset_is_refused_here_with_a_fix() -> None:
     message = refusal(get_preset("paper"), BOX)
     assert plan_run(get_preset("paper"), BOX, nproc=1).device_bytes() > 176 * GB  # on one device
-    per_device = planmod._gb(plan_run(get_preset("paper"), BOX).device_bytes())
+    per_device = planmod.gb_text(plan_run(get_preset("paper"), BOX).device_bytes())
     assert (
         message is not None and f"needs 8 devices, the worker has 1 ({per_device} per device on 8" in message
     )
@@ -234,11 +236,9 @@ def test_a_refusal_names_the_setting_that_is_too_large_before_any_preset() -> No
 
 
 def test_the_command_line_prints_the_plan_and_refuses(capsys) -> None:
-    assert planmod.main(["--preset", "cpu", "--devices", "cpu:24GB"]) == 0
+    assert fit.main(["--preset", "cpu", "--devices", "cpu:24GB"]) == 0
     assert "peak per device" in capsys.readouterr().out
-    assert (
-        planmod.main(["--preset", "cpu", "--devices", "cpu:24GB", "--set", "rollout.kv_cache_gib=4096"]) == 1
-    )
+    assert fit.main(["--preset", "cpu", "--devices", "cpu:24GB", "--set", "rollout.kv_cache_gib=4096"]) == 1
     assert "refused: it needs" in capsys.readouterr().err
 
 
@@ -248,11 +248,11 @@ def test_processes_on_a_cpu_share_its_memory() -> None:
 
 
 def test_the_command_line_plans_several_processes_on_one_cpu_machine(capsys) -> None:
-    assert planmod.main(["--preset", "cpu", "--method", "grpo", "--devices", "cpu:24GB", "--nproc", "2"]) == 0
+    assert fit.main(["--preset", "cpu", "--method", "grpo", "--devices", "cpu:24GB", "--nproc", "2"]) == 0
     assert "2 × 12 GB RAM" in capsys.readouterr().out
     cfg = get_preset("cpu").with_overrides(method="grpo", **{"actor.micro_batch_size": 3})
     assert refusal(cfg, BOX) is None  # one process fits, two of them each with half the memory do not
-    assert planmod.main(["--preset", "cpu", "--method", "grpo", "--devices", "cpu:24GB", "--nproc", "2",
+    assert fit.main(["--preset", "cpu", "--method", "grpo", "--devices", "cpu:24GB", "--nproc", "2",
                          "--set", "actor.micro_batch_size=3"]) == 1  # fmt: skip
 
 

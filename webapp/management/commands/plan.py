@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from trainer.config import ConfigError
-from trainer.plan import add_arguments, plan_from_args
+from trainer.fit import add_arguments, plan_from_args
 
 
 class Command(BaseCommand):
