@@ -326,6 +326,9 @@ const Studio = (() => {
   }
 
   // ---- the compare page: one small chart per picked metric, runs (or seed groups) as lines -------
+  const DASHES = [[], [8, 4], [2, 3], [12, 4, 2, 4], [4, 4], [1, 5]];
+  function sameSeries(a, b) { return a.length === b.length && a.every((v, i) => v === b[i]); }
+
   function comparePage({ data, x }) {
     const HEIGHT = 170;
     const grid = document.getElementById("charts");
@@ -356,13 +359,18 @@ const Studio = (() => {
           bands.push({ series: [base + 2, base + 1], fill: g.colour + "22" });
         }
       } else {
+        const drawn = [];   // [name, xs, ys] of the runs drawn so far: an identical series says whose it repeats
         for (const r of data.runs) {
           const s = r.series[metric.kind];
           if (!s.values[metric.key]) continue;
-          const xs = wall ? s.wall : s.step;
-          lines.push({ label: r.name, stroke: r.colour, width: 1.5 });
-          shown.push([xs, sm(s.values[metric.key])]);
-          raw.push([xs, s.values[metric.key]]);
+          const xs = wall ? s.wall : s.step, ys = s.values[metric.key];
+          const twin = drawn.find(([, xs2, ys2]) => sameSeries(xs, xs2) && sameSeries(ys, ys2));
+          const label = twin ? r.name + " (identical to " + twin[0] + ")" : r.name;
+          // each run its own dash, so lines that coincide still show every run
+          lines.push({ label, stroke: r.colour, width: 1.5, dash: DASHES[lines.length % DASHES.length] });
+          shown.push([xs, sm(ys)]);
+          raw.push([xs, ys]);
+          drawn.push([r.name, xs, ys]);
         }
       }
       return { lines, data: uPlot.join(shown), raw: uPlot.join(raw), extra: bands.length ? { bands } : {} };

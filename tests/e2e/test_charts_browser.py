@@ -188,6 +188,7 @@ def _compare_page(page, server: str, alice) -> None:
         _run(alice, "grpo s0", "grpo", 0, grid, steps=12),
         _run(alice, "grpo s1", "grpo", 1, grid, steps=12, level=0.1),
         _run(alice, "comp s0", "complementary", 0, grid, steps=12, level=0.2),
+        _run(alice, "grpo s2", "grpo", 2, grid, steps=12),  # the same figures as grpo s0
     ]
     page.goto(f"{server}/compare/?" + "&".join(f"runs={r.id}" for r in runs))
     page.wait_for_selector("#charts canvas")
@@ -223,6 +224,18 @@ def _compare_page(page, server: str, alice) -> None:
     page.reload()  # the URL holds the choice
     page.wait_for_selector("#chart-train-actor_loss canvas")
     assert page.locator("#chart-train-train_free_success").count() == 0
+
+    page.goto(f"{server}/compare/?group=none&" + "&".join(f"runs={r.id}" for r in runs))  # one line a run
+    page.wait_for_selector("#chart-train-train_success canvas")
+    legend = page.eval_on_selector_all(
+        "#chart-train-train_success .u-legend .u-series th", "ls => ls.map(l => l.innerText.trim())"
+    )
+    assert "grpo s2 (identical to grpo s0)" in legend and "grpo s0" in legend
+    dashes = page.evaluate(
+        "window.studioCompare.plots['train-train_success'].series.slice(1).map(s => JSON.stringify(s.dash))"
+    )
+    assert len(dashes) == 4 and len(set(dashes)) == 4  # coinciding lines still show both runs
+    _shot(page, "charts-05-compare-identical")
 
 
 def _launch_templates(page, server: str) -> None:
