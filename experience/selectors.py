@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.contrib.postgres.search import SearchQuery, SearchRank
-from django.db.models import F, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from pgvector.django import CosineDistance
 
 from experience import transfer
 from experience.embedding import Embedder, default_embedder
 from experience.models import FTS_CONFIG, Experience, ExperienceChange, ImportJob, Merge, search_document
+from trainer.config import ConfigError, RunConfig
+from trainer.envs.base import make_mixture
+from trainer.store import SHARED_SCOPE
 
 UNLISTED = (
     "embedding", "generation_prompt", "generation_response", "generation_token_ids", "generation_logprobs",
@@ -46,6 +49,33 @@ def experience_scopes(run) -> list[str]:
     return list(
         Experience.objects.in_bank(run.pk).order_by("scope").values_list("scope", flat=True).distinct()
     )
+
+
+def scopes_read_by(run) -> set[str] | None:
+    """The scopes a run's episodes retrieve from (``trainer.coevolution.scopes_of``): each env of its mixture,
+    or 'shared'; None when its method reads no experience or its config cannot be read."""
+    try:
+        cfg = RunConfig.from_dict(run.config)
+    except ConfigError:
+        return None
+    if not cfg.uses_experience:
+        return None
+    return {SHARED_SCOPE} if cfg.experience.scope == SHARED_SCOPE else set(make_mixture(cfg.env).names)
+
+
+def unread_scopes(run) -> dict[str, int]:
+    """Entries of the bank in a scope no episode of the run retrieves from, counted by scope (an import
+    meant for another environment): they take space and are never used."""
+    read = scopes_read_by(run)
+    if read is None:
+        return {}
+    rows = (
+        Experience.objects.in_bank(run.pk)
+        .exclude(scope__in=read)
+        .values_list("scope")
+        .annotate(n=Count("id"))
+    )
+    return dict(rows.order_by("scope"))
 
 
 def experience_semantic_search(

@@ -8,6 +8,7 @@ import io
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -30,6 +31,8 @@ from webapp.services import can_edit_bank
 
 PRUNE_PREVIEW = 2000
 """Most entries one prune shows and deletes (prune again for more)."""
+PRUNE_PAGE_ROWS = 50
+"""Rows of a prune preview shown a page (the count and the button come first; the rows page)."""
 BANKS_SEARCH_SIZE = 30
 """Most matches a search across all banks lists."""
 
@@ -58,6 +61,7 @@ def bank(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run, "form": form, "entries": entries, "can_edit": can_edit_bank(request.user, run),
         "bank_size": Experience.objects.in_bank(run.pk).count(),
         "scopes": bank_selectors.experience_scopes(run),
+        "unread_warning": unread_scopes_warning(run),
         "prune_form": PruneForm(), "import_form": ImportForm(),
         "last_prune": _last_prune(request, run),
         "import_jobs": bank_selectors.import_jobs(run)[:3], "limits": bank_selectors.IMPORT_LIMITS,
@@ -218,7 +222,13 @@ def bank_prune(request: HttpRequest, run_id: int) -> HttpResponse:
         return redirect("bank", run_id=run.id)
     preview = list(bank_selectors.experience_prune_preview(run, form.rule())[:PRUNE_PREVIEW])
     ids = ",".join(str(e.pk) for e in preview)
-    context = {"run": run, "form": form, "preview": preview, "ids": ids, "limit": PRUNE_PREVIEW}
+    rows = Paginator(preview, PRUNE_PAGE_ROWS).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "run": run, "form": form, "preview": preview, "ids": ids, "limit": PRUNE_PREVIEW, "rows": rows,
+        "query": query.urlencode(),
+    }  # fmt: skip
     return render(request, "webapp/bank_prune.html", context)
 
 
@@ -317,7 +327,23 @@ def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
         messages.error(request, f"Nothing was imported: the file is not a valid experience export ({err}).")
     else:
         messages.success(request, f"Imported {n} entr{'y' if n == 1 else 'ies'}.")
+        if warning := unread_scopes_warning(run):
+            messages.warning(request, warning)
     return redirect("bank", run_id=run.id)
+
+
+def unread_scopes_warning(run: Run) -> str:
+    """What the bank page and an import say of entries in scopes no episode of the run retrieves from ("" when
+    there are none)."""
+    unread = bank_selectors.unread_scopes(run)
+    if not unread:
+        return ""
+    counts = ", ".join(f"{scope}: {n}" for scope, n in unread.items())
+    read = " and ".join(sorted(bank_selectors.scopes_read_by(run) or ()))
+    return (
+        f"{sum(unread.values())} entries are in a scope no episode of this run retrieves from ({counts}); "
+        f"its episodes read {read}. Export them for a run of that environment, or delete them."
+    )
 
 
 @require_GET
@@ -325,7 +351,11 @@ def bank_import_job(request: HttpRequest, run_id: int, job_id: int) -> HttpRespo
     """One import's progress (the bank page polls it until the import has finished)."""
     run = _editable_run(request, run_id)
     job = get_object_or_404(ImportJob, pk=job_id, run=run)
-    return render(request, "webapp/_import_job.html", {"run": run, "job": job})
+    context = {"run": run, "job": job, "polled": True}
+    if job.finished:  # the page's counts, out of band: no reload needed to see the new size
+        context["bank_size"] = Experience.objects.in_bank(run.pk).count()
+        context["unread_warning"] = unread_scopes_warning(run)
+    return render(request, "webapp/_import_job.html", context)
 
 
 def banks(request: HttpRequest) -> HttpResponse:

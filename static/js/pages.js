@@ -7,6 +7,16 @@ document.addEventListener("submit", (event) => {
   if (question && !window.confirm(question)) event.preventDefault();
 });
 
+// Forms whose work takes a while say so at once: <form data-busy="Deleting 800 entries…"> disables its
+// button and shows the words until the next page arrives (a second press cannot send it twice).
+document.addEventListener("submit", (event) => {
+  const form = event.target, words = form.dataset && form.dataset.busy;
+  if (!words || event.defaultPrevented) return;
+  const button = form.querySelector("button[type=submit]");
+  if (button) { button.disabled = true; button.textContent = words; }
+  form.setAttribute("aria-busy", "true");
+});
+
 // The launch form says how many runs its button starts, and a grid (an experiment name set, as a grid
 // template does) asks before it launches: "methods × seeds = N runs of S steps", never a surprise.
 function launchCount(form) {

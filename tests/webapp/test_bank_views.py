@@ -3,6 +3,7 @@ undo, edit, pin, delete, prune with preview, merge history, JSONL export and imp
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -14,7 +15,8 @@ from django.urls import reverse
 
 from experience import bank
 from experience.embedding import default_embedder
-from experience.models import Experience, ExperienceChange
+from experience.models import Experience, ExperienceChange, ImportJob
+from webapp import views_bank
 from webapp.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -484,3 +486,51 @@ def test_an_edit_of_two_million_characters_is_refused_next_to_the_field(client, 
     url = reverse("bank_entry", args=[run.id, entries[0].id])
     response = client.post(url, {"title": "t", "content": "x" * 2_000_000, "version": 1})
     assert response.status_code == 400 and "at most 20000 characters" in response.content.decode()
+
+
+def test_a_prune_preview_puts_its_count_and_button_first_and_pages_its_rows(
+    client, editor, run, entries, monkeypatch
+):
+    monkeypatch.setattr(views_bank, "PRUNE_PAGE_ROWS", 2)
+    client.force_login(editor)
+    url = reverse("bank_prune", args=[run.id])
+    rule = {"older_than_step": "100"}  # all three
+    page = client.get(url, rule).content.decode()
+    assert page.index('id="confirm-prune"') < page.index('id="prune-rows"')
+    assert "Delete these 3 entries" in page and 'data-busy="Deleting 3 entries…"' in page
+    assert "rows 1–2 of 3" in page and page.count("<tr><td><a href=") == 2
+    ids = re.search(r'name="ids" value="([0-9,]*)"', page).group(1)
+    assert len(ids.split(",")) == 3  # the button deletes every previewed entry, not only this page's
+    second = client.get(url, rule | {"page": "2"}).content.decode()
+    assert "rows 3–3 of 3" in second and second.count("<tr><td><a href=") == 1
+    assert re.search(r'name="ids" value="([0-9,]*)"', second).group(1) == ids
+
+
+def test_an_import_into_a_run_whose_episodes_read_other_scopes_says_so(client, editor, run, entries):
+    client.force_login(editor)
+    body = b"".join(client.get(reverse("bank_export", args=[run.id])).streaming_content)
+    cfg = {"method": "complementary", "env": "MiniHack-Room-5x5", "experience": {"scope": "task"}}
+    target = Run.objects.create(name="target", owner=editor, method="complementary", config=cfg)
+    upload = SimpleUploadedFile("bank.jsonl", body)
+    page = client.post(reverse("bank_import", args=[target.id]), {"file": upload}, follow=True)
+    text = html.unescape(page.content.decode())
+    assert "Imported 3 entries" in text
+    assert (
+        "3 entries are in a scope no episode of this run retrieves from (MiniHack: 3); its episodes read "
+        "MiniHack-Room-5x5." in text
+    )
+    shared = Run.objects.create(name="shared", owner=editor, config=cfg | {"experience": {"scope": "shared"}})
+    Experience.objects.in_bank(target.pk).update(scope="MiniHack-Room-5x5")
+    assert views_bank.unread_scopes_warning(target) == ""
+    assert views_bank.unread_scopes_warning(shared) == ""  # an empty bank
+
+
+def test_a_finished_background_import_updates_the_pages_count_without_a_reload(client, editor, run, entries):
+    client.force_login(editor)
+    job = ImportJob.objects.create(run=run, status=ImportJob.Status.SUCCEEDED, entries=3)
+    page = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert '<span class="muted" id="bank-size" hx-swap-oob="true">3 entries now</span>' in page
+    job.status = ImportJob.Status.EMBEDDING
+    job.save()
+    page = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert "hx-swap-oob" not in page  # still running: the page keeps polling this line only
