@@ -167,6 +167,13 @@ def test_an_editor_edits_pins_deletes_and_undoes_and_each_change_is_recorded_as_
     assert all(c.actor == "person" and c.user == editor for c in changes[1:])
     page = client.get(url).content.decode()
     assert "deleted" in page and page.count(">Undo</button>") == 1  # only the newest change can be undone
+    history = page[page.index('id="history"') :]
+    # who changed what, as a diff: the edit's words removed and added, the pin and the delete as flags
+    assert "<del>Avoid the monster</del><ins>Keep away from monsters</ins>" in history.replace(" <ins>", "<ins>")
+    assert "<del>When a monster is adjacent, step</del> <ins>Step</ins> away <del>before moving" in history
+    assert "pinned: False → True" in history
+    assert "deleted: False → True" in history
+    assert f"<td>{editor.username}</td>" in history and "Person" not in history
     client.post(reverse("bank_undo", args=[run.id, changes[-1].id]))
     assert not Experience.objects.get(pk=e.id).is_deleted
     page = client.post(reverse("bank_undo", args=[run.id, changes[-1].id]), follow=True).content.decode()

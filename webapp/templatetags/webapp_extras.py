@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django import forms, template
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -76,3 +78,42 @@ def turn_items(turn: Any) -> list[tuple[str, Any]]:
 def subgroups(group: Any) -> list[tuple[str, list[Any]]]:
     """A task group's two subgroups, side by side."""
     return [("With experience", group.guided), ("Without experience", group.free)]
+
+
+DIFFED = ("title", "content")
+"""An entry's texts, shown word by word as what a change removed and added."""
+FLAGGED = ("scope", "pinned", "deleted")
+"""Other fields a change can alter, shown as ``field: before → after``."""
+
+
+@register.filter
+def change_diff(before: dict | None, after: dict) -> str:
+    """What a bank change did to its entry: its texts word by word (``<del>`` removed, ``<ins>`` added) and
+    any other field it altered; a created entry shows its texts as added."""
+    before = before or {}
+    parts = [
+        _word_diff(before.get(k, ""), after.get(k, ""), k) for k in DIFFED if before.get(k) != after.get(k)
+    ]
+    parts += [
+        format_html('<div class="diff-flag">{}: {} → {}</div>', k, before.get(k, "—"), after.get(k))
+        for k in FLAGGED
+        if before and before.get(k) != after.get(k)
+    ]
+    return (
+        mark_safe("".join(parts)) if parts else format_html('<span class="muted">{}</span>', "no text change")
+    )
+
+
+def _word_diff(old: str, new: str, name: str) -> str:
+    a, b = old.split(), new.split()
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op in ("delete", "replace"):
+            out.append(format_html("<del>{}</del>", " ".join(a[i1:i2])))
+        if op in ("insert", "replace"):
+            out.append(format_html("<ins>{}</ins>", " ".join(b[j1:j2])))
+        if op == "equal":
+            out.append(format_html("{}", " ".join(a[i1:i2])))
+    return format_html(
+        '<div class="diff" data-field="{}"><b>{}</b> {}</div>', name, name, mark_safe(" ".join(out))
+    )
