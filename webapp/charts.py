@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.urls import reverse
+
 from trainer.experiments.stats import t_interval
 
 MAX_POINTS = 1000
@@ -376,6 +378,8 @@ def build_comparison(
     for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
         out_runs.append({
             "id": run.id, "name": run.name, "method": run.method, "env": run.env, "seed": run.seed,
+            "url": getattr(run, "url", "") or reverse("run_detail", args=[run.id]),
+            "committed": getattr(run, "committed", False),
             "group": label, "colour": colour(order.index(label) if group else i),
             "series": {kind: s.as_json() for kind, s in series[run.id].items()},
         })  # fmt: skip

@@ -10,14 +10,17 @@ methods, seeds and budget where it is present.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
+from django.core.cache import cache
 from django.urls import reverse
 
 from trainer.experiments.spec import NAME
@@ -184,3 +187,63 @@ def _cell(record_path: Path) -> CommittedCell | None:
         config=config,
         finished_at=str(record.get("finished_at") or ""),
     )
+
+
+CELL_SLUG = re.compile(r"^[A-Za-z0-9_.+-]{1,80}$")
+"""A committed cell's folder under ``runs/`` (``grpo-s0``, ``static_online+oracle-s3``)."""
+
+
+@dataclass
+class CommittedRun:
+    """A committed cell as the compare page draws a run: read-only, named and linked as committed. Its ``id``
+    is its reference ``<grid>/<cell folder>``; its metric rows are its ``metrics.jsonl``."""
+
+    id: str
+    name: str
+    method: str
+    env: str
+    seed: int
+    config: dict[str, Any]
+    url: str
+    rows: list[dict[str, Any]]
+    experiment_id: str = ""
+    """``committed:<grid>``: seeds of one arm of it are grouped like an experiment's (``default_group``)."""
+    cell: str = ""
+
+    committed = True
+
+
+def committed_run(ref: str) -> CommittedRun | None:
+    """The committed cell ``<grid>/<cell folder>`` (``room-random/grpo-s0``), or None if there is none."""
+    grid, _, slug = ref.partition("/")
+    experiment = committed_experiment(grid) if CELL_SLUG.match(slug) else None
+    cell = next((c for c in experiment.cells if c.slug == slug), None) if experiment else None
+    if cell is None:
+        return None
+    rows = read_lines(experiment.folder / "runs" / slug / "metrics.jsonl")
+    return CommittedRun(
+        id=ref, name=f"{grid} {slug} (committed)", method=cell.method, env=cell.env, seed=cell.seed,
+        config=cell.config, url=f"{experiment.get_absolute_url()}#cell-{slug}", rows=rows,
+        experiment_id=f"committed:{grid}", cell=f"{cell.arm}/s{cell.seed}",
+    )  # fmt: skip
+
+
+def committed_baselines(env: str) -> list[tuple[str, str]]:
+    """Each committed grid's finished grpo cells on ``env`` as (label, compare query), so a run of that env
+    is put beside the published baseline in one click; cached a minute (it reads the grids' files)."""
+
+    def find() -> list[tuple[str, str]]:
+        found = []
+        for experiment in committed_experiments():
+            cells = [
+                c for c in experiment.cells if c.env == env and c.arm == "grpo" and c.status == "succeeded"
+            ]
+            if cells:
+                query = urlencode([("committed", f"{experiment.name}/{c.slug}") for c in cells])
+                found.append((f"{experiment.name}: grpo × {len(cells)} seeds", query))
+        return found
+
+    return cache.get_or_set(f"studio:committed-baselines:{env}", find, BASELINES_CACHE_S)
+
+
+BASELINES_CACHE_S = 60

@@ -493,6 +493,18 @@ class IdListField(forms.Field):
         return ids
 
 
+class CommittedListField(forms.Field):
+    """Repeated ``?committed=room-random/grpo-s0`` parameters: committed cells, distinct, in order."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[str]:
+        refs = list(dict.fromkeys(str(v) for v in value or []))
+        if len(refs) > 64 or any(len(r) > 200 or r.count("/") != 1 for r in refs):
+            raise forms.ValidationError("a committed cell is <grid>/<cell folder>, e.g. room-random/grpo-s0")
+        return refs
+
+
 class MetricListField(forms.Field):
     """Repeated ``?metric=train:train/success`` parameters as ``(kind, key)`` pairs, in order."""
 
@@ -511,7 +523,11 @@ class MetricListField(forms.Field):
 class CompareForm(forms.Form):
     """Which runs to compare and how: the URL holds all of it, so it can be shared."""
 
-    runs = IdListField(error_messages={"required": "select at least one run to compare"})
+    runs = IdListField(required=False)
+    committed = CommittedListField(
+        required=False,
+        help_text="Committed cells, <grid>/<cell folder> (room-random/grpo-s0), drawn beside the runs.",
+    )
     group = forms.CharField(
         required=False,
         max_length=100,
@@ -521,6 +537,12 @@ class CompareForm(forms.Form):
     metric = MetricListField(required=False)
     x = forms.ChoiceField(required=False, choices=[("step", "step"), ("wall", "wall time")])
     smooth = FloatField(required=False, min_value=0, max_value=0.99)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if not data.get("runs") and not data.get("committed") and not self.errors:
+            self.add_error("runs", "select at least one run to compare")
+        return data
 
 
 # ---- experience bank ---------------------------------------------------------------------------------

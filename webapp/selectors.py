@@ -25,6 +25,7 @@ from trainer.config import ConfigError, RunConfig
 from trainer.experiments.spec import ExperimentSpec
 from webapp import charts
 from webapp.celery import app
+from webapp.committed import CommittedRun
 from webapp.models import EpisodeRecord, Experiment, MetricRow, Run, RunQuerySet
 
 RUN_SORTS = {
@@ -251,7 +252,12 @@ def metric_series(
             [run_id, kind, bucket, bucket - 1, top],
         )
         rows = cursor.fetchall()
-    dicts = [_as_dict(values) for *_, values in rows]
+    return _series([(row_id, step, wall, _as_dict(values)) for row_id, step, wall, values in rows], bucket)
+
+
+def _series(rows: list[tuple[int, int, float, dict[str, Any]]], bucket: int) -> Series:
+    """``(id, step, wall time, values)`` rows, in step order, as a Series (numbers only)."""
+    dicts = [values for *_, values in rows]
     keys = sorted({k for values in dicts for k, v in values.items() if type(v) in _NUMBER})
     return Series(
         step=[step for _, step, _, _ in rows],
@@ -260,6 +266,20 @@ def metric_series(
         cursor=max(row_id for row_id, *_ in rows),
         bucket=bucket,
     )
+
+
+COMMITTED_KINDS = {MetricRow.Kind.TRAIN: "step", MetricRow.Kind.EVAL: "eval"}
+"""A metric row's kind in the database, and in a committed ``metrics.jsonl``."""
+
+
+def committed_series(run: CommittedRun, kind: str, bucket: int) -> Series:
+    """A committed cell's rows of one kind, thinned like ``metric_series``; wall time from its first row."""
+    rows = [r for r in run.rows if r.get("kind") == COMMITTED_KINDS[kind] and type(r.get("step")) is int]
+    if not rows:
+        return Series()
+    start, top = min(r.get("time", 0) for r in run.rows), max(r["step"] for r in rows)
+    kept = [r for r in rows if r["step"] % bucket == bucket - 1 or r["step"] == top]
+    return _series([(i, r["step"], r.get("time", start) - start, r) for i, r in enumerate(kept)], bucket)
 
 
 _NUMBER = (int, float)  # exact types: bool is not a metric; jsonb holds no NaN or infinity
@@ -458,19 +478,30 @@ def step_episodes(run: Run, kind: str, step: int) -> list[TaskGroup]:
 # ---- comparison ----------------------------------------------------------------------------------
 
 
-def compare_series(runs: list[Run], *, max_points: int = charts.MAX_POINTS) -> dict[int, dict[str, Series]]:
-    """Each run's series of both kinds, bucketed with one bucket size so steps line up across runs."""
+def compare_series(
+    runs: list[Run | CommittedRun], *, max_points: int = charts.MAX_POINTS
+) -> dict[int | str, dict[str, Series]]:
+    """Each run's series of both kinds (a committed cell's from its files), bucketed with one bucket size so
+    steps line up across runs."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT kind, max(step) FROM webapp_metricrow WHERE run_id = ANY(%s) GROUP BY kind",
-            [[r.id for r in runs]],
+            [[r.id for r in runs if isinstance(r, Run)]],
         )
         top = dict(cursor.fetchall())
-    out: dict[int, dict[str, Series]] = defaultdict(dict)
+    for run in runs:
+        if isinstance(run, CommittedRun):
+            for kind, name in COMMITTED_KINDS.items():
+                steps = [r["step"] for r in run.rows if r.get("kind") == name and type(r.get("step")) is int]
+                top[kind] = max([top.get(kind) or 0, *steps])
+    out: dict[int | str, dict[str, Series]] = defaultdict(dict)
     for run in runs:
         for kind in (MetricRow.Kind.TRAIN, MetricRow.Kind.EVAL):
             bucket = charts.bucket_size(top.get(kind, 0) or 0, max_points)
-            out[run.id][kind] = metric_series(run.id, kind, bucket=bucket)
+            if isinstance(run, CommittedRun):
+                out[run.id][kind] = committed_series(run, kind, bucket)
+            else:
+                out[run.id][kind] = metric_series(run.id, kind, bucket=bucket)
     return out
 
 

@@ -2,7 +2,16 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from webapp import metrics, views, views_bank, views_compare, views_experiments, views_inspect, views_runs
+from webapp import (
+    metrics,
+    views,
+    views_bank,
+    views_compare,
+    views_experiments,
+    views_guide,
+    views_inspect,
+    views_runs,
+)
 
 handler400 = "webapp.views.bad_request"
 
@@ -33,6 +42,8 @@ urlpatterns = [
     path("runs/<int:run_id>/bank/import/", views_bank.bank_import, name="bank_import"),
     path("runs/<int:run_id>/bank/import/<int:job_id>/", views_bank.bank_import_job, name="bank_import_job"),
     path("compare/", views_compare.compare, name="compare"),
+    path("guide/", views_guide.guide, name="guide"),
+    path("guide/<slug:page>/", views_guide.guide, name="guide_page"),
     path("experiments/", views_experiments.experiments, name="experiments"),
     path("experiments/<slug:name>/", views_experiments.experiment_detail, name="experiment_detail"),
     path(

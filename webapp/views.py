@@ -6,7 +6,9 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from webapp.committed import committed_experiments
 from webapp.forms import BadParameter, RunFilterForm
+from webapp.models import Run
 from webapp.selectors import run_list, worker_status
 from webapp.services import can_launch
 
@@ -25,8 +27,12 @@ def home(request: HttpRequest) -> HttpResponse:
         "form": form,
         "can_launch": can_launch(request.user),
     }
-    template = "webapp/_run_table.html" if request.htmx else "webapp/home.html"
-    return render(request, template, context)
+    if request.htmx:
+        return render(request, "webapp/_run_table.html", context)
+    # a user with no run of their own is told what to do first
+    context["has_own_runs"] = Run.objects.filter(owner=request.user).exists()
+    context["committed"] = [] if context["has_own_runs"] else committed_experiments()
+    return render(request, "webapp/home.html", context)
 
 
 def workers(request: HttpRequest) -> HttpResponse:

@@ -7,6 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from webapp.charts import build_comparison, default_group
+from webapp.committed import committed_run
 from webapp.csv_cells import CsvWriter
 from webapp.forms import CompareForm
 from webapp.selectors import compare_series, runs_get
@@ -17,9 +18,16 @@ def _comparison(request: HttpRequest):
     if not form.is_valid():
         return form, None
     runs = runs_get(request.user, form.cleaned_data["runs"])
-    if not runs:
+    refs = form.cleaned_data["committed"]
+    committed = [c for c in map(committed_run, refs) if c is not None]
+    if len(committed) < len(refs):
+        missing = ", ".join(r for r in refs if committed_run(r) is None)
+        form.add_error("committed", f"no committed cell {missing} in this checkout (docs/experiments/)")
+        return form, None
+    if not runs and not committed:
         form.add_error("runs", "none of these runs exists or is visible to you")
         return form, None
+    runs = [*runs, *committed]
     group = form.cleaned_data["group"] if "group" in request.GET else default_group(runs)
     form.cleaned_data["group"] = group  # the page shows the grouping it applied
     group = "" if group == "none" else group

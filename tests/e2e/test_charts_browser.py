@@ -237,6 +237,16 @@ def _compare_page(page, server: str, alice) -> None:
     assert len(dashes) == 4 and len(set(dashes)) == 4  # coinciding lines still show both runs
     _shot(page, "charts-05-compare-identical")
 
+    page.goto(
+        f"{server}/compare/?group=none&runs={runs[0].id}&committed=room-random/grpo-s0"
+    )  # beside a result
+    page.wait_for_selector("#chart-train-train_success canvas")
+    legend = page.eval_on_selector_all(
+        "#chart-train-train_success .u-legend .u-series th", "ls => ls.map(l => l.innerText.trim())"
+    )
+    assert "grpo s0" in legend and "room-random grpo-s0 (committed)" in legend
+    assert page.locator(".legend .badge", has_text="committed").count() == 1
+
 
 def _launch_templates(page, server: str) -> None:
     page.goto(server + "/runs/launch/")

@@ -49,6 +49,8 @@ EXPECTED: dict[str, dict[str, tuple]] = {
     "workers": {"GET": ALL_200, "POST": ALL_200},
     "banks": {"GET": ALL_200, "POST": ALL_200},
     "experiments": {"GET": ALL_200, "POST": ALL_200},
+    "guide": {"GET": ALL_200, "POST": ALL_200},
+    "guide_page": {"GET": ALL_200, "POST": ALL_200},  # <page> is the objects' "page"
     "compare": {"GET": (L, 302, 302, 302, 302), "POST": (L, 302, 302, 302, 302)},  # no runs: back home
     "compare_csv": {"GET": (L, 400, 400, 400, 400), "POST": (L, 400, 400, 400, 400)},
     "account": {"GET": ALL_200, "POST": ALL_200},
@@ -141,7 +143,7 @@ def _world(django_user_model, shared: bool):
         "run_id": run.pk, "entry_id": entry.pk, "merge_id": Merge.objects.create(run=run, decision="keep").pk,
         "change_id": ExperienceChange.objects.get(experience=entry).pk, "name": experiment.name,
         "filename": "report.md", "job_id": ImportJob.objects.create(run=run, status="succeeded").pk,
-        "token_id": token.pk,
+        "token_id": token.pk, "page": "getting-started",
     }  # fmt: skip
     return users, objects
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
+import re
+from pathlib import Path
 
 import pytest
 from django.urls import reverse
@@ -14,6 +17,7 @@ from trainer.experiments.stats import t_interval
 from webapp.models import MetricRow, Run
 
 pytestmark = pytest.mark.django_db
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(owner, name, seed, method="grpo", success=(0.0, 0.5, 1.0), **fields) -> Run:
@@ -119,3 +123,41 @@ def test_other_users_private_runs_are_left_out_and_bad_selections_are_refused(cl
     assert "select at least one run" in client.get(reverse("compare"), follow=True).content.decode()
     assert "whole numbers" in client.get(reverse("compare"), {"runs": "x"}, follow=True).content.decode()
     assert client.get(reverse("compare_csv"), {"runs": [private.id]}).status_code == 400
+
+
+def test_a_run_goes_beside_the_committed_grpo_seeds_in_one_click_and_they_read_as_committed(client, user):
+    mine = _run(user, "mine", 0, env="MiniHack-Room-Random-5x5")
+    client.force_login(user)
+    page = client.get(reverse("run_detail", args=[mine.id])).content.decode()
+    link = re.search(r'href="(/compare/\?runs=\d+[^"]*)"[^>]*>Compare with room-random: grpo × 3 seeds', page)
+    assert link, "the run page offers the committed baseline of its environment"
+    response = client.get(html.unescape(link.group(1)))
+    assert response.status_code == 200
+    data = _chart_data(response.content.decode())
+    refs = [f"room-random/grpo-s{s}" for s in range(3)]
+    assert [r["id"] for r in data["runs"]] == [mine.id, *refs]
+    assert [r["committed"] for r in data["runs"]] == [False, True, True, True]
+    committed = data["runs"][1]
+    assert committed["url"] == "/experiments/room-random/#cell-grpo-s0" and committed["name"].endswith(
+        "(committed)"
+    )
+    rows = [
+        json.loads(line) for line in open(REPO / "docs/experiments/room-random/runs/grpo-s0/metrics.jsonl")
+    ]
+    final = [r for r in rows if r["kind"] == "eval"][-1]
+    assert committed["series"]["eval"]["values"]["eval/success"][-1] == final["eval/success"]
+    # seeds of one committed arm are grouped (by config; the committed cells' configs differ a little)
+    assert [g["runs"] for g in data["groups"] if mine.id in g["runs"]] == [[mine.id]]
+    page = response.content.decode()
+    assert 'name="committed" value="room-random/grpo-s0"' in page and ">committed</span>" in page
+    csv_rows = list(
+        csv.reader(io.StringIO(client.get(reverse("compare_csv"), {"committed": refs[:1]}).content.decode()))
+    )
+    assert csv_rows[1][0] == "room-random/grpo-s0"
+
+
+@pytest.mark.parametrize("ref", ["room-random/nope-s9", "../etc/passwd", "room-random", "x/y/z"])
+def test_an_unknown_committed_cell_is_refused_by_name(client, user, ref):
+    client.force_login(user)
+    page = client.get(reverse("compare"), {"committed": [ref]}, follow=True).content.decode()
+    assert "no committed cell" in page or "a committed cell is &lt;grid&gt;/&lt;cell folder&gt;" in page

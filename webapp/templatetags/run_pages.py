@@ -14,6 +14,7 @@ from django.utils import timezone
 from experience.models import Experience
 from trainer.checkpoint import find_checkpoint
 from webapp.charts import flatten
+from webapp.committed import committed_baselines
 from webapp.models import EpisodeRecord, MetricRow, Run
 
 register = template.Library()
@@ -84,6 +85,12 @@ def bank_size_now(run: Run) -> int:
     """The entries in the run's bank now, counted as the bank page counts them (a step's recorded
     ``bank/size`` predates the extractor's additions from that step's episodes)."""
     return Experience.objects.in_bank(run.pk).count()
+
+
+@register.simple_tag
+def committed_baselines_for(run: Run) -> list[tuple[str, str]]:
+    """(label, compare query with this run) for each committed grid's grpo seeds on the run's env."""
+    return [(label, f"runs={run.pk}&{query}") for label, query in committed_baselines(run.env)]
 
 
 @register.simple_tag
