@@ -107,8 +107,13 @@ class RunDetailOut(RunOut):
         "update, weight sync, checkpoint), done of total units (episodes, micro-batches), for rollouts the "
         "turn its episodes reached of at most turns, elapsed_s and eta_s (null until a unit or a turn "
         "finished; an upper bound when it counts turns), all as of at (Unix seconds, when it was reported). "
-        "Empty before the first phase; the last one once the run ended."
+        "Empty before the first phase and once the run has ended (its status says how)."
     )
+
+    @staticmethod
+    def resolve_progress(run: Run) -> dict[str, Any]:
+        live = run.status in (Run.Status.QUEUED, Run.Status.RUNNING)
+        return run.progress if live else {}  # an ended run is in no phase (not "checkpoint")
 
 
 class RunFilters(Schema):

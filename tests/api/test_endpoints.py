@@ -105,3 +105,12 @@ def test_cancel_and_resume_answer_with_the_run_and_refuse_what_cannot_be_done(ap
     Run.objects.filter(pk=run.pk).update(checkpoint_dir=checkpoint)
     resumed = _post(api, f"/api/v1/runs/{run.id}/resume")
     assert resumed.status_code == 201 and Run.objects.get(pk=resumed.json()["id"]).resume_from == checkpoint
+
+
+def test_a_run_in_a_phase_reports_it_and_an_ended_run_reports_none(api, launcher):
+    run = make_run(launcher)
+    phase = {"step": 3, "phase": "checkpoint", "done": 0, "total": 1, "at": 1.0}
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, progress=phase)
+    assert api.get(f"/api/v1/runs/{run.id}").json()["progress"] == phase
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED)  # its last report stays in the row
+    assert api.get(f"/api/v1/runs/{run.id}").json()["progress"] == {}
