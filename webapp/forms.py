@@ -224,6 +224,61 @@ def clean_model_path(value: str) -> str:
     return str(path)
 
 
+class SeedsInput(forms.TextInput):
+    """Seeds as one line of text ("0-4, 7"); repeated ``experiment_seeds`` parameters (older forms, scripts)
+    are read as one list."""
+
+    def value_from_datadict(self, data: Any, files: Any, name: str) -> Any:
+        if hasattr(data, "getlist") and len(data.getlist(name)) > 1:
+            return data.getlist(name)
+        return data.get(name)
+
+    def format_value(self, value: Any) -> str | None:
+        if isinstance(value, list | tuple):
+            return seed_ranges([int(v) for v in value])
+        return super().format_value(value)
+
+
+def seed_ranges(seeds: list[int]) -> str:
+    """``[0, 1, 2, 4]`` as ``"0-2, 4"``."""
+    runs: list[list[int]] = []
+    for seed in sorted(set(seeds)):
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+class SeedListField(forms.Field):
+    """Seeds written as ranges and numbers ("0-4, 7"), or a JSON list of whole numbers (the API): a sorted
+    list of distinct seeds from 0 to 2^31 - 1, at most ``MAX_SEEDS`` of them."""
+
+    widget = SeedsInput
+    PART = re.compile(r"^(\d{1,10})(?:-(\d{1,10}))?$")
+
+    def to_python(self, value: Any) -> list[int]:
+        parts = value if isinstance(value, list | tuple) else re.split(r"[,\s]+", str(value or "").strip())
+        seeds: set[int] = set()
+        for part in (str(p).strip() for p in parts):
+            if not part:
+                continue
+            m = self.PART.match(part) if part.isascii() else None
+            if m is None:
+                raise forms.ValidationError(
+                    f"write seeds as numbers and ranges, e.g. 0-4 or 0, 2, 7 (got {part!r})"
+                )
+            low, high = int(m[1]), int(m[2] or m[1])
+            if high < low or high > 2**31 - 1:
+                raise forms.ValidationError(f"{part}: a range runs up from its first seed, below 2^31")
+            if high - low >= MAX_SEEDS:
+                raise forms.ValidationError(f"{part}: at most {MAX_SEEDS} seeds in one experiment")
+            seeds.update(range(low, high + 1))
+            if len(seeds) > MAX_SEEDS:
+                raise forms.ValidationError(f"at most {MAX_SEEDS} seeds in one experiment")
+        return sorted(seeds)
+
+
 class LaunchForm(forms.Form):
     """A new run: environment, method, ablations, models and the hyper-parameters people change."""
 
@@ -287,12 +342,8 @@ class LaunchForm(forms.Form):
         choices=[(m, m) for m in METHODS],
         widget=forms.CheckboxSelectMultiple,
     )
-    experiment_seeds = forms.TypedMultipleChoiceField(
-        required=False,
-        label="Seeds",
-        coerce=int,
-        choices=[(i, str(i)) for i in range(MAX_SEEDS)],
-        widget=forms.CheckboxSelectMultiple,
+    experiment_seeds = SeedListField(
+        required=False, label="Seeds", help_text=f"e.g. 0-4 or 0, 2, 7; at most {MAX_SEEDS} seeds."
     )
 
     def _in_form_words(self, message: str) -> str:

@@ -24,10 +24,21 @@ function launchCount(form) {
   const value = (id) => (form.querySelector("#" + id) || {}).value || "";
   const steps = value("id_steps");
   if (value("id_experiment").trim()) {
-    const methods = checked("experiment_methods"), seeds = checked("experiment_seeds");
+    const methods = checked("experiment_methods"), seeds = seedCount(value("id_experiment_seeds"));
     return { runs: methods * seeds, steps, grid: `${methods} method${methods === 1 ? "" : "s"} × ${seeds} seed${seeds === 1 ? "" : "s"}` };
   }
   return { runs: Math.max(1, parseInt(value("id_n_seeds"), 10) || 1), steps, grid: "" };
+}
+// "0-4, 7" -> 6 seeds, as the form's SeedListField reads it (a part it cannot read counts none)
+function seedCount(text) {
+  const seeds = new Set();
+  for (const part of text.split(/[,\s]+/).filter(Boolean)) {
+    const m = /^(\d{1,10})(?:-(\d{1,10}))?$/.exec(part);
+    if (!m) continue;
+    const low = Number(m[1]), high = Number(m[2] || m[1]);
+    for (let s = low; s <= high && high - low < 16; s++) seeds.add(s);
+  }
+  return seeds.size;
 }
 function labelLaunch(form) {
   const button = form.querySelector("button[type=submit]");

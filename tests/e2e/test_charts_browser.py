@@ -17,6 +17,7 @@ from tests.e2e.conftest import ARTIFACTS
 from trainer.config import get_preset
 from trainer.report import Progress
 from webapp.events import broadcast_run_event
+from webapp.forms import SeedListField
 from webapp.models import Experiment, MetricRow, Run
 from webapp.progress import RunReporter
 from webapp.selectors import metric_event
@@ -248,6 +249,10 @@ def _compare_page(page, server: str, alice) -> None:
     assert page.locator(".legend .badge", has_text="committed").count() == 1
 
 
+def parse_seeds(text: str) -> list[int]:
+    return SeedListField().to_python(text)
+
+
 def _launch_templates(page, server: str) -> None:
     page.goto(server + "/runs/launch/")
     options = page.eval_on_selector_all("#id_template option", "os => os.map(o => o.value)")
@@ -266,7 +271,7 @@ def _launch_templates(page, server: str) -> None:
     )
     assert page.is_checked("#experiment-fields input[value='complementary']")
     methods = page.locator("#experiment-fields input[name=experiment_methods]:checked").count()
-    seeds = page.locator("#experiment-fields input[name=experiment_seeds]:checked").count()
+    seeds = len(parse_seeds(page.input_value("#id_experiment_seeds")))
     assert methods * seeds > 1
     assert page.inner_text("#launch-form button[type=submit]") == f"Launch experiment: {methods * seeds} runs"
     _shot(page, "charts-06-launch-experiment-template")

@@ -169,7 +169,9 @@ def test_an_editor_edits_pins_deletes_and_undoes_and_each_change_is_recorded_as_
     assert "deleted" in page and page.count(">Undo</button>") == 1  # only the newest change can be undone
     history = page[page.index('id="history"') :]
     # who changed what, as a diff: the edit's words removed and added, the pin and the delete as flags
-    assert "<del>Avoid the monster</del><ins>Keep away from monsters</ins>" in history.replace(" <ins>", "<ins>")
+    assert "<del>Avoid the monster</del><ins>Keep away from monsters</ins>" in history.replace(
+        " <ins>", "<ins>"
+    )
     assert "<del>When a monster is adjacent, step</del> <ins>Step</ins> away <del>before moving" in history
     assert "pinned: False → True" in history
     assert "deleted: False → True" in history

@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from trainer.config import RunConfig
 from trainer.experiments.spec import ExperimentSpec
+from webapp.forms import seed_ranges
 from webapp.models import Experiment
 from webapp.selectors import config_templates, configs_dir, leading_comment
 
@@ -67,8 +68,7 @@ def test_an_experiment_template_fills_the_grid_fields_with_a_free_name(client, l
     assert _value(page, "experiment") == f"{spec.name}-2" and _value(page, "steps") == "20"
     for method in spec.methods:
         assert re.search(rf'value="{method}"[^>]*checked', page), method
-    for seed in spec.seeds:
-        assert re.search(rf'name="experiment_seeds" value="{seed}"[^>]*checked', page), seed
+    assert _value(page, "experiment_seeds") == seed_ranges(list(spec.seeds))
     assert "Its variants (static_online+curated) launch with" in page
     assert "manage.py experiment run configs/experiments/room-random.toml" in page
     page = client.get(reverse("run_launch"), {"template": "experiments/room-5x5.toml"}).content.decode()

@@ -9,10 +9,12 @@ import socket
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 
 from trainer.config import get_preset
+from webapp.forms import SeedListField, seed_ranges
 from webapp.models import EpisodeRecord, MetricRow, Run
 
 pytestmark = pytest.mark.django_db
@@ -485,7 +487,7 @@ def test_the_launch_form_launches_an_experiment_grid_of_methods_by_seeds(
     monkeypatch.setattr("webapp.queueing._enqueue", queued.append)
     client.force_login(launcher)
     data = _launch_data(experiment="form-grid", experiment_methods=["grpo", "complementary"],
-                        experiment_seeds=["0", "2"])  # fmt: skip
+                        experiment_seeds="0, 2")  # fmt: skip
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(reverse("run_launch"), data)
     assert response.status_code == 302 and response["Location"] == reverse(
@@ -579,3 +581,29 @@ def test_the_launch_link_shows_for_the_launch_permission_alone(client, launcher,
     assert f'href="{reverse("run_launch")}"' in client.get(reverse("home")).content.decode()
     client.force_login(other_user)
     assert f'href="{reverse("run_launch")}"' not in client.get(reverse("home")).content.decode()
+
+
+@pytest.mark.parametrize(
+    ("text", "seeds"),
+    [
+        ("0-4", [0, 1, 2, 3, 4]),
+        ("0, 2 7", [0, 2, 7]),
+        ("3-3, 1", [1, 3]),
+        (["1", "0"], [0, 1]),
+        ([4, 2], [2, 4]),
+    ],
+)
+def test_seeds_are_written_as_numbers_and_ranges(text, seeds):
+    field = SeedListField()
+    assert field.to_python(text) == seeds and field.to_python(seed_ranges(seeds)) == seeds
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("0-20", "at most 16 seeds"), ("9999999999", r"below 2\^31"), ("5-2", "runs up"),
+     ("a", "numbers and ranges"), ("１", "numbers and ranges"), ("0-9, 10-16", "at most 16 seeds"),
+     ("-1", "numbers and ranges")],
+)  # fmt: skip
+def test_seeds_that_cannot_be_read_are_refused_with_the_part_named(text, words):
+    with pytest.raises(ValidationError, match=words):
+        SeedListField().to_python(text)
