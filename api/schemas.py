@@ -227,6 +227,15 @@ class PlanWorkerOut(Schema):
     why_not: str | None = Field(description="Why the launch cannot run on this worker; null when it can.")
 
 
+class PaceOut(Schema):
+    low: float = Field(description="Lowest measured / planned step time of the worker's newest runs.")
+    median: float
+    high: float
+    runs: int = Field(
+        description="How many runs the ratios come from (each: the median of its newest 5 steps)."
+    )
+
+
 class PlanOut(Schema):
     """A launch's plan (``trainer.plan``) on the worker it goes to, or on the largest when none can run it."""
 
@@ -242,6 +251,11 @@ class PlanOut(Schema):
     device_memory: int = Field(description="Bytes each device has.")
     step_s: float = Field(description="Estimated seconds per training step.")
     eval_s: float = Field(description="Estimated seconds per evaluation.")
+    measured_pace: PaceOut | None = Field(
+        None,
+        description="How the worker's newest runs stepped against their plans (null before it has one): "
+        "multiply step_s and eval_s by low and high for the range to expect there.",
+    )
     table: str = Field(description="The plan as text, as `manage.py plan` prints it.")
     notes: list[str] = Field(description="What the figures assume (on many processes: what rank 0 holds).")
     workers: list[PlanWorkerOut] = Field(

@@ -130,6 +130,7 @@ def presets_table(figures: dict) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "plan-presets": presets_table,
+    "plan-vs-measured": rows_table,
     "plan-measured": plan_table,
     "plan-near-limit": plan_table,
     "load": scalars_table,

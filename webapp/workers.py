@@ -29,7 +29,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from trainer.config import RunConfig
+from trainer.config import ConfigError, RunConfig
 from trainer.fit import refusal
 from trainer.plan import Devices, Plan, PlanError, plan_run
 from webapp.models import Run
@@ -266,6 +266,7 @@ class Placement:
     checks: tuple[Check, ...]
     queue: str | None
     stand_in: bool = False
+    config: RunConfig | None = None
 
     @property
     def plan(self) -> Plan:
@@ -310,14 +311,16 @@ def place(
         raise PlanError("no other worker is registered")
     fitting = [c for c in checks if c.fits]
     if not fitting:
-        return Placement(max(checks, key=_size), checks, None, stand)
+        return Placement(max(checks, key=_size), checks, None, stand, cfg)
     if stand:
-        return Placement(fitting[0], checks, training_queue(), stand)
+        return Placement(fitting[0], checks, training_queue(), stand, cfg)
     # the smallest that fits among the least busy: big machines stay free for big runs
     chosen = min(fitting, key=lambda c: (_busy(c.worker.node) - c.worker.slots, _size(c)))
     shared = chosen.worker.shared_queue
     everyone_fits = all(c.fits for c in checks if c.worker.shared_queue == shared)
-    return Placement(chosen, checks, shared if everyone_fits and not exclude else chosen.worker.queue)
+    return Placement(
+        chosen, checks, shared if everyone_fits and not exclude else chosen.worker.queue, config=cfg
+    )
 
 
 def planned_bytes(cfg: RunConfig, worker: Worker) -> int:
@@ -369,6 +372,7 @@ def plan_summary(placement: Placement) -> dict[str, Any]:
         "device_memory": chosen.devices.memory,
         "step_s": plan.step_s,
         "eval_s": plan.eval_s,
+        "measured_pace": None if placement.stand_in else measured_pace(chosen.worker, placement.config),
         "table": plan.table(),
         "notes": list(plan.notes),
         "workers": [
@@ -376,6 +380,44 @@ def plan_summary(placement: Placement) -> dict[str, Any]:
             for c in placement.checks
         ],
     }
+
+
+PACE_RUNS = 8
+"""Runs of a worker whose steps correct its plans' time estimates: its newest ones with enough steps."""
+PACE_STEPS = 5
+"""Of each, the median of its newest steps (evaluations are not steps)."""
+
+
+def measured_pace(worker: Worker, cfg: RunConfig | None = None) -> dict[str, Any] | None:
+    """How long this worker's newest runs took a step against what their plans said, as ratios (measured /
+    planned; above 1: slower than planned, e.g. beside other work): lowest, median, highest and the number
+    of runs; those of ``cfg``'s env and method when the worker has some (episode lengths differ by task far
+    more than the plan's worst case says: docs/launches.md). None before a run of it has ``PACE_STEPS``
+    steps."""
+    ratios: dict[bool, list[float]] = {True: [], False: []}
+    runs = Run.objects.filter(worker__startswith=f"{worker.node}:").exclude(status=Run.Status.QUEUED)
+    for run in runs.order_by("-started_at")[: PACE_RUNS * 3]:
+        measured = _median_step_s(run)
+        try:
+            planned = check(RunConfig.from_dict(run.config), worker).plan.step_s
+        except ConfigError:
+            continue
+        if measured and planned > 0:
+            alike = cfg is not None and (run.env, run.method) == (cfg.env, cfg.method)
+            ratios[alike].append(measured / planned)
+    chosen = sorted((ratios[True] or ratios[False])[:PACE_RUNS])
+    if not chosen:
+        return None
+    return {
+        "low": chosen[0], "median": chosen[len(chosen) // 2], "high": chosen[-1], "runs": len(chosen),
+        "alike": bool(ratios[True]),
+    }  # fmt: skip
+
+
+def _median_step_s(run: Run) -> float | None:
+    rows = run.metrics.filter(kind="train").order_by("-step").values_list("values", flat=True)[:PACE_STEPS]
+    times = sorted(v["time/step_s"] for v in rows if isinstance(v.get("time/step_s"), int | float))
+    return times[len(times) // 2] if len(times) == PACE_STEPS else None
 
 
 def _gb(n: float) -> str:
@@ -397,4 +439,20 @@ def plan_display(placement: Placement) -> dict[str, Any]:
         "memory": _gb(summary["device_memory"]),
         "step": _duration(summary["step_s"]),
         "eval": _duration(summary["eval_s"]),
+        "pace": _pace_text(summary),
     }
+
+
+def _pace_text(summary: dict[str, Any]) -> str:
+    """The plan's times corrected by this worker's measured pace, as a range ("" before it has one)."""
+    pace = summary["measured_pace"]
+    if not pace:
+        return ""
+    step = [_duration(summary["step_s"] * pace[k]) for k in ("low", "high")]
+    evaluation = [_duration(summary["eval_s"] * pace[k]) for k in ("low", "high")]
+    runs = f"{pace['runs']} run{'s' if pace['runs'] > 1 else ''}"
+    runs += " of this env and method" if pace["alike"] else ""
+    return (
+        f"On {summary['worker']}, whose last {runs} took {pace['low']:.1f}–{pace['high']:.1f}× their planned "
+        f"step time: {step[0]}–{step[1]} a step, {evaluation[0]}–{evaluation[1]} an evaluation."
+    )

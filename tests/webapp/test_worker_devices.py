@@ -17,7 +17,7 @@ from tests.conftest import wait_for, workers_running
 from trainer.config import RunConfig, get_preset
 from trainer.plan import Devices, PlanError
 from webapp.celery import app
-from webapp.models import Run
+from webapp.models import MetricRow, Run
 from webapp.queueing import run_admission, run_hand_on
 from webapp.tasks import train_run
 from webapp.workers import (
@@ -29,6 +29,8 @@ from webapp.workers import (
     configured_devices,
     live_workers,
     place,
+    plan_display,
+    plan_summary,
     planned_bytes,
     register,
     registry_key,
@@ -218,3 +220,28 @@ def test_up_refuses_a_malformed_worker_devices_description_before_starting_anyth
     monkeypatch.setenv(DEVICES_ENV, "")  # restored afterwards: --worker-devices sets it for the workers
     with pytest.raises(CommandError, match="STUDIO_WORKER_DEVICES: devices must read like 8x80GB, cpu:24GB"):
         call_command("up", "--worker-devices", "lots of GPUs")
+
+
+def test_the_plan_is_corrected_by_how_this_workers_newest_runs_stepped_against_their_plans(user):
+    box = worker("cpu@f", "cpu:24GB", slots=2)
+    register(box)
+    cfg = get_preset("cpu").with_overrides(method="grpo")
+    planned = planned_step_s = place(cfg).plan.step_s
+    assert place(cfg).chosen.worker.node == box.node and plan_summary(place(cfg))["measured_pace"] is None
+    for slower, steps in ((1.5, 5), (3.0, 6), (9.0, 4)):  # the last has too few steps to count
+        run = _queued_run(user, method="grpo")
+        Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED, worker=f"{box.node}:7")
+        for step in range(1, steps + 1):
+            row = {"time/step_s": planned_step_s * slower * (1.2 if step == 1 else 1.0)}
+            MetricRow.objects.create(run=run, step=step, wall_time=10.0 * step, values=row)
+    pace = plan_summary(place(cfg))["measured_pace"]
+    assert pace == {
+        "low": pytest.approx(1.5),
+        "median": pytest.approx(3.0),
+        "high": pytest.approx(3.0),
+        "runs": 2,
+        "alike": True,
+    }
+    text = plan_display(place(cfg))["pace"]
+    assert text.startswith("On cpu@f, whose last 2 runs of this env and method took 1.5–3.0× their planned ")
+    assert f"{planned * 1.5 / 60:.0f} min–{planned * 3 / 60:.0f} min a step" in text
