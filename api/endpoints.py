@@ -3,6 +3,8 @@
 Every read goes through the pages' selectors (``Run.objects.visible_to``), every write through the pages'
 form and services, so the API can see and do exactly what its caller can on the pages."""
 
+from typing import Any
+
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, RawPostDataException
 from django.urls import reverse
@@ -11,6 +13,7 @@ from ninja.errors import ValidationError
 
 from api.auth import AUTH, CallerThrottle, caller, signed_in, writing_caller
 from api.launch import form_errors, launch_form, preset_base
+from api.openapi import document_common_responses
 from api.pagination import paginated
 from api.parser import StrictJSONParser
 from api.refusal import refusal
@@ -52,7 +55,16 @@ from webapp.services import (
 from webapp.views_runs import launch_submitted
 from webapp.workers import plan_summary
 
-api = NinjaAPI(
+
+class StudioAPI(NinjaAPI):
+    """The API whose OpenAPI document lists, for every operation, the statuses any operation can answer
+    (``api.openapi``)."""
+
+    def get_openapi_schema(self, *args: Any, **kwargs: Any) -> Any:
+        return document_common_responses(super().get_openapi_schema(*args, **kwargs))
+
+
+api = StudioAPI(
     title="Complementary RL Studio API",
     version="1",
     description="Runs, metrics, episodes and experience banks. Authenticate with a personal access token "
