@@ -285,11 +285,22 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     assert "1 entry would be deleted" in page.inner_text("#prune-preview")
     assert "Never used advice" in page.inner_text("#prune-preview")
     _shot(page, "07-prune-preview")
+    # the button says at once that it works (this submit held back in the page, after the page's own handler)
+    page.evaluate("window.addEventListener('submit', (e) => e.preventDefault(), {once: true})")
+    page.click("#confirm-prune")
+    assert page.inner_text("#confirm-prune") == "Deleting 1 entry…" and page.is_disabled("#confirm-prune")
+    page.reload()
+    before = page.inner_text("#prune-preview")
     page.click("#confirm-prune")
     page.wait_for_selector("text=Pruned 1 entry")
+    assert "1 entry would be deleted" in before and page.inner_text("#bank-size") == "1 entry now"
     assert Experience.objects.get(pk=world["entries"][1].pk).is_deleted
     assert not Experience.objects.get(pk=world["entries"][0].pk).is_deleted
     _shot(page, "08-bank-after-prune")
+    page.click("#undo-prune button[type=submit]")
+    page.wait_for_selector("text=Undid the prune: 1 entry back.")
+    assert page.inner_text("#bank-size") == "2 entries now"
+    assert not Experience.objects.get(pk=world["entries"][1].pk).is_deleted
 
     # compare two runs from the list, then download the CSV
     page.goto(server + "/")
