@@ -256,6 +256,9 @@ class PlanOut(Schema):
         description="How the worker's newest runs stepped against their plans (null before it has one): "
         "multiply step_s and eval_s by low and high for the range to expect there.",
     )
+    free_now: int | None = Field(
+        None, description="Bytes free on the worker's machine at its last heartbeat (CPU workers; null else)."
+    )
     table: str = Field(description="The plan as text, as `manage.py plan` prints it.")
     notes: list[str] = Field(description="What the figures assume (on many processes: what rank 0 holds).")
     workers: list[PlanWorkerOut] = Field(

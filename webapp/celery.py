@@ -74,14 +74,19 @@ def _register_devices(sender, **kwargs) -> None:
 
 def _heartbeat(node: str, shared: str, slots: int) -> None:
     # loads torch (trainer.plan): in a training worker only, not in every process that imports webapp
+    from dataclasses import replace
+
+    import psutil
+
     from webapp.workers import HEARTBEAT_S, Worker, cpu_cores, detect_devices, register
 
     devices, source = detect_devices()
     worker = Worker(node, shared, devices, slots, cpu_cores(), source)
     logging.getLogger(__name__).info("registering %s (%s)", worker.describe(), source)
     while True:
-        try:
-            register(worker)
+        try:  # a CPU worker also says how much of its machine's memory is free now
+            free = psutil.virtual_memory().available if devices.kind == "cpu" else None
+            register(replace(worker, free=free))
         except Exception:  # noqa: BLE001 - Redis away for a moment: the next beat tries again
             logging.getLogger(__name__).warning("could not register this worker's devices", exc_info=True)
         time.sleep(HEARTBEAT_S)

@@ -81,6 +81,8 @@ class Worker:
     """How its devices were found: detected, or STUDIO_WORKER_DEVICES."""
     seen: float = 0.0
     """Unix time of its last heartbeat."""
+    free: int | None = None
+    """Bytes of memory free on a CPU worker's machine at its last heartbeat (None: not reported)."""
 
     @property
     def queue(self) -> str:
@@ -373,6 +375,7 @@ def plan_summary(placement: Placement) -> dict[str, Any]:
         "step_s": plan.step_s,
         "eval_s": plan.eval_s,
         "measured_pace": None if placement.stand_in else measured_pace(chosen.worker, placement.config),
+        "free_now": chosen.worker.free,
         "table": plan.table(),
         "notes": list(plan.notes),
         "workers": [
@@ -440,7 +443,20 @@ def plan_display(placement: Placement) -> dict[str, Any]:
         "step": _duration(summary["step_s"]),
         "eval": _duration(summary["eval_s"]),
         "pace": _pace_text(summary),
+        "free_warning": _free_text(summary),
     }
+
+
+def _free_text(summary: dict[str, Any]) -> str:
+    """A warning when the worker's machine has less memory free now than the run's planned peak ("" else):
+    it fits the machine, not what other work leaves of it at the moment."""
+    free, need = summary["free_now"], summary["peak_bytes"] * summary["nproc"]
+    if free is None or not summary["fits"] or need <= free:
+        return ""
+    return (
+        f"Only {_gb(free)} of {summary['worker']}'s memory is free now (other work uses the rest); this run "
+        f"plans {_gb(need)} at its peak: it may run out of memory there until that work ends."
+    )
 
 
 def _pace_text(summary: dict[str, Any]) -> str:

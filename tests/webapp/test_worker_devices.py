@@ -245,3 +245,17 @@ def test_the_plan_is_corrected_by_how_this_workers_newest_runs_stepped_against_t
     text = plan_display(place(cfg))["pace"]
     assert text.startswith("On cpu@f, whose last 2 runs of this env and method took 1.5–3.0× their planned ")
     assert f"{planned * 1.5 / 60:.0f} min–{planned * 3 / 60:.0f} min a step" in text
+
+
+def test_the_plan_says_when_a_worker_has_less_memory_free_now_than_the_run_plans(user):
+    cfg = get_preset("cpu").with_overrides(method="grpo")  # plans 9.5 GB
+    register(replace(worker("cpu@g", "cpu:24GB"), free=4 * 10**9))
+    assert plan_display(place(cfg))["free_warning"] == (
+        "Only 4.0 GB of cpu@g's memory is free now (other work uses the rest); this run plans "
+        f"{place(cfg).plan.device_bytes() / 1e9:,.1f} GB at its peak: it may run out of memory there until "
+        "that work ends."
+    )
+    register(replace(worker("cpu@g", "cpu:24GB"), free=20 * 10**9))
+    assert plan_display(place(cfg))["free_warning"] == ""
+    register(worker("cpu@g", "cpu:24GB"))  # a worker that does not report it
+    assert plan_display(place(cfg))["free_warning"] == "" and plan_summary(place(cfg))["free_now"] is None
