@@ -204,7 +204,7 @@ class SearchAsk(GenerationFields):
 
 class ImportJobQuerySet(models.QuerySet):
     def active(self) -> ImportJobQuerySet:
-        return self.exclude(status__in=[ImportJob.Status.SUCCEEDED, ImportJob.Status.FAILED])
+        return self.exclude(status__in=ImportJob.ENDED)
 
 
 class ImportJob(models.Model):
@@ -218,6 +218,9 @@ class ImportJob(models.Model):
         WRITING = "writing"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
     run = models.ForeignKey("webapp.Run", on_delete=models.CASCADE, related_name="import_jobs", null=True)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
@@ -235,6 +238,11 @@ class ImportJob(models.Model):
         null=True, blank=True, help_text="When its current phase (validating, embedding, writing) began."
     )
     finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Asked to stop: it stops before it writes, importing nothing.",
+    )
 
     objects = ImportJobQuerySet.as_manager()
 
@@ -246,7 +254,7 @@ class ImportJob(models.Model):
 
     @property
     def finished(self) -> bool:
-        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+        return self.status in self.ENDED
 
     def mark_failed(self, message: str) -> None:
         """Nothing was imported; ``message`` says why (shown on the bank page). A NUL byte quoted from the

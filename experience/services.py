@@ -166,9 +166,7 @@ def import_job_start(run, upload: UploadedFile, *, user=None) -> ImportJob:
 def import_job_run(job_id: int) -> str:
     """The task's work: claim the job (a queued one, or one whose worker went silent), import its file,
     remove the file. Returns the job's final status."""
-    silent = Q(updated_at__lt=timezone.now() - IMPORT_STALE) & ~Q(
-        status__in=[ImportJob.Status.SUCCEEDED, ImportJob.Status.FAILED]
-    )
+    silent = Q(updated_at__lt=timezone.now() - IMPORT_STALE) & ~Q(status__in=ImportJob.ENDED)
     claimed = ImportJob.objects.filter(Q(status=ImportJob.Status.QUEUED) | silent, pk=job_id)
     if not claimed.update(status=ImportJob.Status.VALIDATING, done=0, updated_at=timezone.now()):
         return "not claimed"
@@ -186,3 +184,21 @@ def import_job_run(job_id: int) -> str:
         path.unlink(missing_ok=True)
         ImportJob.objects.filter(pk=job_id).update(path="")
     return ImportJob.objects.get(pk=job_id).status
+
+
+def import_job_cancel(job: ImportJob) -> str:
+    """Ask an import to stop, importing nothing: a queued one ends now (its file removed); one being
+    validated or embedded stops at its next progress report (within a batch of lines). ``BankError`` when it
+    has ended or is already writing its entries (a single transaction of seconds). Returns what happened."""
+    queued = ImportJob.objects.filter(pk=job.pk, status=ImportJob.Status.QUEUED)
+    if queued.update(status=ImportJob.Status.CANCELLED, finished_at=timezone.now()):
+        if job.path:
+            Path(job.path).unlink(missing_ok=True)
+        return "cancelled"
+    job.refresh_from_db()
+    if job.finished:
+        raise bank.BankError(f"the import has {job.status} already")
+    if job.status == ImportJob.Status.WRITING:
+        raise bank.BankError("the import is writing its entries already (one transaction, seconds): too late")
+    ImportJob.objects.filter(pk=job.pk).exclude(status__in=ImportJob.ENDED).update(cancel_requested=True)
+    return "stopping"

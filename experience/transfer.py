@@ -310,6 +310,10 @@ def commit(job: ImportJob, embedder: Embedder, *, capacity: int | None = None) -
     return n
 
 
+class ImportCancelled(Exception):
+    """Someone asked the import to stop (``ImportJob.cancel_requested``) before it wrote anything."""
+
+
 def run_job(
     job: ImportJob,
     source: IO[AnyStr],
@@ -319,12 +323,16 @@ def run_job(
     writing: Callable[[], AbstractContextManager] = nullcontext,
 ) -> int:
     """Validate, stage and commit ``source`` for ``job``; returns how many entries were added. A failure
-    marks the job failed with its message, removes the staged rows and is raised again; nothing changes.
+    marks the job failed with its message, removes the staged rows and is raised again; nothing changes. A
+    cancel asked for before the final pass (checked at every progress report) ends it the same way, as
+    cancelled, returning 0.
     ``writing`` guards the final pass (the run's writer lock)."""
 
     phase = {"status": None}
 
     def progress(status: str, done: int) -> None:
+        if ImportJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+            raise ImportCancelled
         now = timezone.now()
         began = {"phase_started_at": now} if status != phase["status"] else {}  # a new phase: its clock
         phase["status"] = status
@@ -339,6 +347,12 @@ def run_job(
         progress(ImportJob.Status.WRITING, lines)
         with writing():
             return commit(job, embedder, capacity=capacity)
+    except ImportCancelled:
+        job.rows.all().delete()
+        ImportJob.objects.filter(pk=job.pk).update(
+            status=ImportJob.Status.CANCELLED, finished_at=timezone.now()
+        )
+        return 0
     except Exception as err:
         job.rows.all().delete()
         job.mark_failed(str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}")

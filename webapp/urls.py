@@ -41,6 +41,11 @@ urlpatterns = [
     path("runs/<int:run_id>/bank/export/", views_bank.bank_export, name="bank_export"),
     path("runs/<int:run_id>/bank/import/", views_bank.bank_import, name="bank_import"),
     path("runs/<int:run_id>/bank/import/<int:job_id>/", views_bank.bank_import_job, name="bank_import_job"),
+    path(
+        "runs/<int:run_id>/bank/import/<int:job_id>/cancel/",
+        views_bank.bank_import_cancel,
+        name="bank_import_cancel",
+    ),
     path("compare/", views_compare.compare, name="compare"),
     path("guide/", views_guide.guide, name="guide"),
     path("guide/<slug:page>/", views_guide.guide, name="guide_page"),

@@ -346,6 +346,21 @@ def unread_scopes_warning(run: Run) -> str:
     )
 
 
+@require_POST
+def bank_import_cancel(request: HttpRequest, run_id: int, job_id: int) -> HttpResponse:
+    """Stop an import before it writes anything (``experience.services.import_job_cancel``)."""
+    run = _editable_run(request, run_id)
+    job = get_object_or_404(ImportJob, pk=job_id, run=run)
+    try:
+        done = bank_services.import_job_cancel(job)
+    except BankError as err:
+        messages.error(request, f"Not cancelled: {err}.")
+    else:
+        what = "cancelled" if done == "cancelled" else "stopping: nothing of it will be imported"
+        messages.success(request, f"Import of {job.file_name or 'the file'} {what}.")
+    return redirect("bank", run_id=run.id)
+
+
 @require_GET
 def bank_import_job(request: HttpRequest, run_id: int, job_id: int) -> HttpResponse:
     """One import's progress (the bank page polls it until the import has finished)."""

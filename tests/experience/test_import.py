@@ -13,6 +13,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from experience import services, transfer
+from experience.bank import BankError
 from experience.models import Experience, ExperienceChange, ImportJob, ImportRow
 from experience.tasks import import_bank
 from webapp.celery import app
@@ -177,3 +178,51 @@ def test_the_page_states_the_import_limits(client, editor, run):
     page = client.get(reverse("bank", args=[run.id])).content.decode()
     limits = page[page.index('id="import-limits"') :]
     assert "50 MB" in limits and "200,000 entries" in limits and "20,000" in limits
+
+
+def test_an_import_cancelled_while_it_embeds_stops_at_its_next_batch_and_imports_nothing(
+    run, embedder, monkeypatch
+):
+    monkeypatch.setattr(transfer, "BATCH_LINES", 3)
+    job = ImportJob.objects.create(run=run, file_name="c.jsonl")
+    embed, batches = embedder.embed, []
+
+    def embed_then_cancel(texts, **kwargs):  # someone presses Cancel while the second batch embeds
+        batches.append(len(texts))
+        if len(batches) == 2:
+            assert services.import_job_cancel(ImportJob.objects.get(pk=job.pk)) == "stopping"
+        return embed(texts, **kwargs)
+
+    monkeypatch.setattr(embedder, "embed", embed_then_cancel)
+    body = "".join(json.dumps(_record(i)) + "\n" for i in range(9))
+    assert transfer.run_job(job, io.StringIO(body), embedder) == 0
+    job.refresh_from_db()
+    assert job.status == "cancelled" and job.finished and batches == [3, 3]  # the third batch never embedded
+    assert not Experience.objects.filter(run=run).exists() and not ImportRow.objects.exists()
+
+
+def test_a_queued_import_is_cancelled_at_once_and_a_finished_one_is_refused(run, tmp_path):
+    upload = tmp_path / "queued.jsonl"
+    upload.write_text("{}\n")
+    queued = ImportJob.objects.create(run=run, path=str(upload))
+    assert services.import_job_cancel(queued) == "cancelled" and not upload.exists()
+    assert ImportJob.objects.get(pk=queued.pk).status == "cancelled"
+    assert services.import_job_run(queued.pk) == "not claimed"  # a late worker leaves it alone
+    done = ImportJob.objects.create(run=run, status=ImportJob.Status.SUCCEEDED)
+    with pytest.raises(BankError, match="has succeeded already"):
+        services.import_job_cancel(done)
+    writing = ImportJob.objects.create(run=run, status=ImportJob.Status.WRITING)
+    with pytest.raises(BankError, match="writing its entries already"):
+        services.import_job_cancel(writing)
+
+
+def test_the_bank_page_offers_cancel_while_an_import_runs(client, editor, run):
+    client.force_login(editor)
+    job = ImportJob.objects.create(run=run, status=ImportJob.Status.EMBEDDING, lines=10, done=3)
+    line = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert f'id="import-cancel-{job.id}"' in line
+    page = client.post(reverse("bank_import_cancel", args=[run.id, job.id]), follow=True).content.decode()
+    assert "stopping: nothing of it will be imported" in page
+    assert ImportJob.objects.get(pk=job.pk).cancel_requested
+    line = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert "stopping…" in line and "import-cancel" not in line

@@ -76,6 +76,7 @@ EXPECTED: dict[str, dict[str, tuple]] = {
     "bank_prune_undo": RUN_ACTION,
     "bank_merge_undo": RUN_ACTION,
     "bank_import": RUN_ACTION,
+    "bank_import_cancel": RUN_ACTION,
     "bank_prune": {"GET": (L, 404, 404, 400, 400), "POST": (L, 404, 404, 400, 400),  # no rule chosen
                    "GET shared": (L, 403, 403, 400, 400), "POST shared": (L, 403, 403, 400, 400)},
     "bank_import_job": {"GET": HIDDEN, "POST": NO_GET, "GET shared": (L, 403, 403, 200, 200),
