@@ -16,7 +16,7 @@ from django.contrib.auth.models import Permission
 
 from experience import bank
 from experience.embedding import default_embedder
-from experience.models import Experience, SearchAsk
+from experience.models import Experience, ImportJob, SearchAsk
 from tests.conftest import worker_on
 from tests.e2e.conftest import ARTIFACTS
 from trainer.config import get_preset
@@ -301,6 +301,19 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     page.wait_for_selector("text=Undid the prune: 1 entry back.")
     assert page.inner_text("#bank-size") == "2 entries now"
     assert not Experience.objects.get(pk=world["entries"][1].pk).is_deleted
+
+    # a background import's count reaches the page without a reload when it finishes
+    job = ImportJob.objects.create(
+        run=live, file_name="more.jsonl", status=ImportJob.Status.EMBEDDING, lines=4
+    )
+    page.goto(f"{server}/runs/{live.id}/bank/")
+    page.wait_for_selector(f"#import-job-{job.id} .import-progress")
+    vector = world["entries"][0].embedding
+    bank.add(live.pk, "MiniHack-Room-5x5", "Imported lesson", "From a file.", vector, embedding_model="m")
+    ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.SUCCEEDED, entries=1)
+    counted = "document.getElementById('bank-size').textContent === '3 entries now'"
+    _wait_for_js(page, counted, timeout_s=15, interval_ms=250)  # the job's poll swaps it in, no reload
+    assert "imported 1 entry" in page.inner_text(f"#import-job-{job.id}")
 
     # compare two runs from the list, then download the CSV
     page.goto(server + "/")
