@@ -19,7 +19,7 @@ from trainer.experiments.summary import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-GRIDS = ("room-random", "room-5x5")
+GRIDS = ("room-random", "room-5x5", "dark-pool")
 
 
 def _block(name: str) -> str:
