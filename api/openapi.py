@@ -53,8 +53,9 @@ def document_common_responses(schema: dict[str, Any]) -> dict[str, Any]:
             for parameter in operation.get("parameters", []):
                 _no_control_characters(parameter.get("schema", {}))
             responses = operation.setdefault("responses", {})
+            described = {str(status) for status in responses}  # ninja keys its own statuses by int
             for status, (description, body, headers) in extra.items():
-                if status not in responses:
+                if str(status) not in described:
                     responses[status] = _response(description, body, headers)
     return schema
 

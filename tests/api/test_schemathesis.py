@@ -27,17 +27,23 @@ EXAMPLES = 12
 """Generated requests per operation (and its explicit examples): the suite stays short."""
 
 
-@pytest.fixture
-def served_schema(db, monkeypatch):
+def _served_schema():
+    """The document the API serves, called through the WSGI app in process. Built at collection, not in a
+    fixture: Schemathesis' lazy fixture schema (``from_fixture``) renames pytest nodes through a private
+    attribute that pytest 9.2 removed."""
     from api.endpoints import api  # the URL configuration, loaded once Django is set up
 
-    monkeypatch.setattr("webapp.queueing._enqueue", lambda run_id: None)
     loaded = schemathesis.openapi.from_dict(api.get_openapi_schema())
     loaded.app, loaded.location = APP, "/api/v1/openapi.json"
     return loaded
 
 
-schema = schemathesis.pytest.from_fixture("served_schema")
+schema = _served_schema()
+
+
+@pytest.fixture(autouse=True)
+def queued_nowhere(monkeypatch):
+    monkeypatch.setattr("webapp.queueing._enqueue", lambda run_id: None)
 
 
 @schema.parametrize()
