@@ -90,7 +90,7 @@ def test_a_new_users_first_hour_on_a_fresh_database(server, browser_page, alice,
 def _committed_experiments(page, server: str) -> None:
     page.goto(server + "/experiments/")
     names = page.eval_on_selector_all("tr.committed-experiment td:first-child a", "as => as.map(a => a.text)")
-    assert names == ["dark-pool", "room-5x5", "room-random"]  # dark-pool: the running grid, committed cell by cell
+    assert names == ["dark-pool", "room-5x5", "room-random"]  # dark-pool: committed cell by cell
     page.click("tr.committed-experiment a >> text=room-random")
     page.wait_for_selector("#committed-report img")
     assert page.locator("#committed-cells tbody tr").count() == 9
