@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,20 +75,6 @@ def _status(run: Run) -> str:
     return f"{run.status} {run.error} {run.notice}"
 
 
-def test_a_killed_rank_restarts_the_group_which_resumes_and_records_each_row_once(make_run, celery_worker):
-    run = make_run(steps=3)
-    result = train_run.apply_async(args=[run.id], queue=celery_worker)
-    wait_for(lambda: MetricRow.objects.filter(run=run, kind="train", step=1).exists(), 900, "step 1")
-    ranks = wait_for(lambda: _ranks(run, celery_worker), 60, "both ranks")
-    ranks[1].send_signal(signal.SIGKILL)
-    assert result.get(timeout=1200) == Run.Status.SUCCEEDED
-    run.refresh_from_db()
-    assert run.step == 3 and run.restarts == 1 and "resumed from the last checkpoint" in run.notice
-    steps = list(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
-    assert sorted(steps) == [1, 2, 3]
-    assert run.environment["device"] == "cpu" and run.environment["device_count"] == "2"
-
-
 def _worker_tree_rss(queue: str) -> int:
     """Resident bytes of the worker consuming ``queue`` and everything it started."""
     (worker,) = [p for p in psutil.process_iter(["cmdline"]) if queue in (p.info["cmdline"] or [])]
@@ -137,10 +124,12 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     ranks[1].send_signal(signal.SIGKILL)
     assert result.get(timeout=1500) == Run.Status.SUCCEEDED, _status(run)
     run.refresh_from_db()
-    assert run.restarts == 1 and "resumed from the last checkpoint" in run.notice
+    assert run.step == 3 and run.restarts == 1 and "resumed from the last checkpoint" in run.notice
+    assert run.environment["device"] == "cpu" and run.environment["device_count"] == "2"
     assert run.environment["resumed_at_steps"] in ("1", "2")  # πϕ's shards came back from extractor/dcp/
     rows = {(r.kind, r.step): r.values for r in MetricRow.objects.filter(run=run)}
     assert sorted(rows) == [("eval", 0), ("eval", 3), ("train", 1), ("train", 2), ("train", 3)]
+    assert MetricRow.objects.filter(run=run).count() == len(rows)  # each row once across the restart
     last = rows["train", 3]
     # 2 guided episodes a step on rank 0 (K = 4, half guided), the 2 free ones on rank 1
     assert last["rank/0/episodes"] == last["rank/1/episodes"] == 2
@@ -154,48 +143,6 @@ def test_a_two_process_complementary_run_fills_one_bank_distils_each_episode_onc
     assert (saved / "dcp" / ".metadata").exists()
     extractor_parts = ("dcp/.metadata", "state.pt", "model.safetensors")  # πϕ's shards, track, whole model
     assert all((saved / "extractor" / part).exists() for part in extractor_parts)
-
-
-def test_a_complementary_run_spans_two_nodes_that_meet_through_torchruns_rendezvous(make_run, tmp_path):
-    """``--nnodes 2`` on localhost: each "node" starts its own torchrun of one process and the two meet
-    through the c10d rendezvous, as on two machines. The run is the one-node group's: every metric row once,
-    each rank its share of the episodes, every episode distilled once, πϕ trained in rounds of both ranks,
-    one bank without duplicates."""
-    from django.conf import settings
-    from django.db import connection
-
-    from experience.models import Experience
-    from tests.webapp.conftest import free_port
-
-    run = make_run(**COMPLEMENTARY)
-    run.claim(worker="two nodes on localhost")
-    port = free_port()
-    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"r{run.pk}"]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
-    node = [*launcher, *rendezvous, str(settings.BASE_DIR / "manage.py"), "train_claimed", str(run.pk)]
-    env = os.environ | {"STUDIO_DB_NAME": connection.settings_dict["NAME"], "OMP_NUM_THREADS": "1"}
-    logs = [open(tmp_path / f"node{i}.log", "wb") for i in range(2)]  # noqa: SIM115
-    where = {"env": env, "cwd": settings.BASE_DIR, "start_new_session": True}
-    nodes = [subprocess.Popen(node, stdout=log, stderr=log, **where) for log in logs]
-    try:
-        codes = [p.wait(timeout=900) for p in nodes]
-    finally:
-        for p in nodes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-        for log in logs:
-            log.close()
-    tail = (tmp_path / "node0.log").read_text(errors="replace")[-3000:]
-    assert codes == [0, 0], tail
-    run.refresh_from_db()
-    assert run.status == Run.Status.SUCCEEDED, _status(run)
-    rows = {(r.kind, r.step): r.values for r in MetricRow.objects.filter(run=run)}
-    assert MetricRow.objects.filter(run=run).count() == len(rows) == 5
-    last = rows["train", 3]
-    assert last["rank/0/episodes"] == last["rank/1/episodes"] == 2
-    assert last["extractor/distilled"] == 12 and last["extractor/updates"] >= 1
-    texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
-    assert len(texts) == len(set(texts)) == last["bank/size"] > 0
 
 
 STOPPED_PEER = """
@@ -220,23 +167,31 @@ print(f"rank {placement.rank} never gave up", flush=True)
 
 def test_a_collective_gives_up_on_a_stopped_rank_after_the_runs_collective_timeout(tmp_path):
     """Rank 0 stops itself; rank 1's all-reduce raises after collective_timeout_s (5 s here), not after
-    gloo's default 30 minutes, so torchrun ends the group (the supervisor then restarts it)."""
+    gloo's default 30 minutes. (That torchrun then ends the group and the supervisor restarts it is the next
+    test's; this one stops reading at rank 1's word rather than wait out torchrun's 30 s grace.)"""
     script = tmp_path / "stopped_peer.py"
     script.write_text(STOPPED_PEER)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     group = subprocess.Popen([*launcher, str(script)], env=env, start_new_session=True, **output)
+    watchdog = threading.Timer(240, lambda: os.killpg(group.pid, signal.SIGKILL))
+    watchdog.start()
+    lines: list[str] = []
     try:
-        out, _ = group.communicate(timeout=240)  # torchrun SIGKILLs the stopped rank 30 s after rank 1 exits
+        for line in group.stdout:
+            lines.append(line)
+            if line.startswith("rank 1 "):
+                break
     finally:
+        watchdog.cancel()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group.pid, signal.SIGKILL)
-    gave_up = [line for line in out.splitlines() if line.startswith("rank 1 gave up after")]
-    assert gave_up, out[-3000:]
+        group.wait()
+    gave_up = [line for line in lines if line.startswith("rank 1 gave up after")]
+    assert gave_up, "".join(lines)[-3000:]
     seconds = float(gave_up[0].split("after ")[1].split(" s:")[0])
     assert 4.0 <= seconds < 30.0 and "Timed out" in gave_up[0], gave_up[0]
-    assert group.returncode != 0 and "never gave up" not in out
 
 
 def test_a_stopped_rank_ends_the_group_with_a_notice_and_the_run_resumes_from_its_checkpoint(
