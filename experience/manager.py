@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from pgvector import Vector
@@ -33,7 +33,7 @@ from pgvector import Vector
 from experience import bank, retrieval, transfer
 from experience.embedding import Embedder, default_embedder
 from experience.locks import RWLock
-from experience.models import Experience, ExperienceChange, SearchAsk
+from experience.models import AppliedBatch, Experience, ExperienceChange, SearchAsk
 from trainer.store import (
     Add,
     Delete,
@@ -351,22 +351,38 @@ class ExperienceManager:
 
     # ---- operations ----------------------------------------------------------------------------------
 
-    def apply(self, ops: Sequence[Op], *, step: int) -> list[OpResult]:
-        """Apply extractor operations in order; each is atomic and recorded. Pinned entries refuse them."""
+    def apply(self, ops: Sequence[Op], *, step: int, key: str = "") -> list[OpResult]:
+        """Apply extractor operations in order; each is atomic and recorded. Pinned entries refuse them.
+
+        With ``key`` the batch applies once: all its operations and a record of the key commit together,
+        and a key already recorded applies nothing and returns the recorded outcomes (a resumed process
+        doing again a batch that the lost one had committed)."""
         texts = [bank.entry_text(op.title, op.content) for op in ops if isinstance(op, Add | Update)]
         vectors = dict(zip(texts, self.embedder.embed(texts), strict=True))
-        results = []
-        for op in ops:
-            if isinstance(op, Return):
-                results.append(OpResult(op))
-                continue
-            try:
+        if not key:
+            results = []
+            for op in ops:
                 with self.rw.write():
-                    entry_id = self._apply_one(op, vectors, step)
-                results.append(OpResult(op, entry_id))
-            except bank.BankError as exc:
-                results.append(OpResult(op, error=str(exc)))
+                    results.append(self._apply_or_refuse(op, vectors, step))
+            return results
+        with self.rw.write(), transaction.atomic():
+            done = AppliedBatch.objects.select_for_update().filter(run_id=self.run_id, key=key).first()
+            if done is not None:  # the same operations again: pair them with what they did then
+                recorded = zip(ops, done.results, strict=False)
+                return [OpResult(op, r["entry_id"], r["error"]) for op, r in recorded]
+            results = [self._apply_or_refuse(op, vectors, step) for op in ops]
+            outcomes = [{"entry_id": r.entry_id, "error": r.error} for r in results]
+            AppliedBatch.objects.create(run_id=self.run_id, key=key, results=outcomes)
         return results
+
+    def _apply_or_refuse(self, op: Op, vectors: dict, step: int) -> OpResult:
+        if isinstance(op, Return):
+            return OpResult(op)
+        try:
+            with transaction.atomic():  # a refused operation leaves the batch's others standing
+                return OpResult(op, self._apply_one(op, vectors, step))
+        except bank.BankError as exc:
+            return OpResult(op, error=str(exc))
 
     def _apply_one(self, op: Op, vectors: dict, step: int) -> int:
         model = self.embedder.model_id

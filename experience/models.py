@@ -131,6 +131,25 @@ class Merge(models.Model):
         return f"merge #{self.pk} ({self.scope}, step {self.step}): {self.decision}"
 
 
+class AppliedBatch(models.Model):
+    """A batch of extractor operations applied under a key, in the same transaction as its operations: a
+    process killed after the commit but before it journaled the batch does it again on resume, and the
+    key makes that second apply a no-op instead of a second copy of every entry."""
+
+    run = models.ForeignKey("webapp.Run", on_delete=models.CASCADE, related_name="applied_batches", null=True)
+    key = models.CharField(max_length=200)
+    results = models.JSONField(default=list, help_text="Each operation's entry id and refusal, in order.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], nulls_distinct=False, name="applied_batch_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.key} of run {self.run_id}"
+
+
 class ExperienceChange(models.Model):
     """One change of one entry, with snapshots before and after, so it can be inspected and undone."""
 

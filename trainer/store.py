@@ -190,8 +190,11 @@ class ExperienceStore(Protocol):
         unless ``count`` is False (evaluation reads the bank without changing what training retrieves)."""
         ...
 
-    def apply(self, ops: Sequence[Op], *, step: int) -> list[OpResult]:
-        """Apply extractor operations, each atomically and recorded in the bank's history."""
+    def apply(self, ops: Sequence[Op], *, step: int, key: str = "") -> list[OpResult]:
+        """Apply extractor operations, each atomically and recorded in the bank's history. With ``key``
+        the batch applies at most once per run: a key applied before applies nothing and returns the
+        outcomes it had (the track's batch keys, so that a resumed run redoing a batch the lost process
+        had committed but not journaled adds no entry twice)."""
         ...
 
     def search_and_ask(

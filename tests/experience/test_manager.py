@@ -115,6 +115,24 @@ def test_refused_operations_change_nothing(manager, user):
     assert ExperienceChange.objects.filter(kind=Kind.UPDATE).count() == 0
 
 
+def test_a_keyed_batch_applies_once_and_a_refusal_in_it_leaves_its_other_operations(manager):
+    [heat_id] = add(manager, HEAT)
+    Experience.objects.filter(pk=heat_id).update(pinned=True)
+    batch = [COOL, Update(heat_id, "x", "y"), DOOR]
+    first = manager.apply(batch, step=2, key="a1b2c3d4:0/0")
+    assert [r.ok for r in first] == [True, False, True] and "pinned" in first[1].error
+    live = sorted(Experience.objects.in_bank(manager.run_id, None).values_list("pk", flat=True))
+    assert len(live) == 3
+    # the resumed process does the batch again: nothing is applied twice, the outcomes are the first's
+    again = manager.apply(batch, step=2, key="a1b2c3d4:0/0")
+    assert [(r.entry_id, r.error) for r in again] == [(r.entry_id, r.error) for r in first]
+    assert sorted(Experience.objects.in_bank(manager.run_id, None).values_list("pk", flat=True)) == live
+    assert ExperienceChange.objects.filter(kind=Kind.ADD).count() == 3
+    # another key, or none, is another batch
+    assert manager.apply([SEARCH], step=2, key="a1b2c3d4:0/1")[0].ok
+    assert manager.apply([SEARCH], step=2)[0].ok and manager.size() == 5
+
+
 def test_retrieval_finds_the_closest_entry_within_the_scope(manager):
     heat_id, cool_id, door_id, search_id = add(manager, HEAT, COOL, DOOR, SEARCH)
     [[best]] = manager.retrieve([HEAT_QUERY], "alfworld")

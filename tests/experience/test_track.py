@@ -4,11 +4,14 @@ checkpoint keeps the unfinished work, and a resumed track does exactly what the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 
 import pytest
 
+from experience.models import Experience
+from tests.conftest import wait_for
 from tests.trainer.recording import Recorder
 from trainer.extractor.credit import CreditBuffer
 from trainer.extractor.model import DistilRequest, Extractor
@@ -194,6 +197,54 @@ def test_a_merge_pass_finished_after_the_checkpoint_is_counted_by_the_resumed_tr
         assert resumed.counts[name] == lost.counts[name], name
     assert extractor.stats.calls["merge"] == merge_calls_before + len(chunks)
     assert resumed._merge_keys == lost._merge_keys  # its entries are credited as merges
+
+
+def test_a_batch_the_lost_track_committed_but_never_journaled_adds_no_entry_twice(
+    manager, extractor, monkeypatch, tmp_path
+):
+    """The process dies between the bank's commit of a distillation batch and the journal line that says
+    so: the resumed track does the batch again (its extractor may well write the same text), and the bank
+    keeps one copy of what it added."""
+    options = dict(scopes=[SCOPE], distil_batch=1, journal=tmp_path / "extractor_track.jsonl")
+    real_distil = extractor.distil
+
+    def always_a_lesson(requests):  # the untrained extractor's answer may not parse: one Add per episode
+        return [
+            dataclasses.replace(r, ops=[Add(SCOPE, f"Lesson of {r.request.episode_id}", LESSONS[0][1])])
+            for r in real_distil(requests)
+        ]
+
+    monkeypatch.setattr(extractor, "distil", always_a_lesson)
+    lost = ExtractorTrack(extractor, manager, CreditBuffer(8), **options)
+    began, checkpointed = threading.Event(), threading.Event()
+    real_begin = lost._begin
+
+    def checkpoint_before_the_batch(job):
+        began.set()
+        checkpointed.wait(600)
+        real_begin(job)
+
+    def killed_before_the_journal_line(key, finished=None):
+        raise SystemExit("killed")  # the track thread ends here, after the bank's commit
+
+    monkeypatch.setattr(lost, "_begin", checkpoint_before_the_batch)
+    monkeypatch.setattr(lost.journal, "record", killed_before_the_journal_line)
+    try:
+        lost.submit(1, [_episode(0)], [])
+        assert began.wait(600)
+        with lost.update_lock:
+            lost.settle_credits()
+            state = lost.state_dict()
+        checkpointed.set()
+        wait_for(lambda: manager.size() == 1, 600, "the lost batch's commit")
+    finally:
+        lost.close(timeout=60)
+    assert [len(item.requests) for item in state["unfinished"]] == [1]  # the premise: checkpointed unfinished
+
+    resumed = _resume(extractor, manager, state, options)
+    assert resumed.counts["distilled"] == 1 and resumed.counts["ops_applied"] == 1  # counted once
+    assert manager.size() == 1  # added once
+    assert Experience.objects.filter(run=manager.run_id).count() == 1
 
 
 def _resume(extractor, manager, state, options) -> ExtractorTrack:

@@ -464,7 +464,7 @@ class ExtractorTrack:
             results = self.extractor.distil(requests[i : i + self.distil_batch])
             t1 = time.perf_counter()
             ops = [op for r in results for op in r.ops]
-            applied = self.store.apply(ops, step=item.step) if ops else []
+            applied = self.store.apply(ops, step=item.step, key=batch_key) if ops else []
             counts = {
                 "distilled": len(results),
                 "ops_applied": sum(r.ok and r.entry_id is not None for r in applied),
