@@ -1,4 +1,4 @@
-"""Experiments end to end: a tiny grid (2 methods × 2 seeds × 1 step) trains on the real models and services,
+"""Experiments end to end: a tiny grid (2 methods × 1 seed × 1 step) trains on the real models and services,
 running it again skips finished cells, its report has every section, and its pages follow run visibility."""
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ TINY = {
 }
 
 
-def write_experiment(folder: Path, name: str) -> Path:
+def write_experiment(folder: Path, name: str, seeds: tuple[int, ...] = (0, 1)) -> Path:
     lines = [
         f'name = "{name}"',
         'description = "tiny grid"',
         'base = "cpu"',
         'methods = ["grpo", "complementary"]',
-        "seeds = [0, 1]",
+        f"seeds = {list(seeds)}",
         "[set]",
     ]
     lines += [f'"{k}" = {json.dumps(v)}' for k, v in TINY.items()]
@@ -68,12 +68,13 @@ def experiment_file(tmp_path, settings):
 
 @pytest.mark.timeout(1500)
 def test_a_tiny_grid_trains_end_to_end_is_skipped_when_done_and_reports_every_section(user, experiment_file):
+    experiment_file = write_experiment(experiment_file.parent, experiment_file.stem, seeds=(0,))  # 2 cells
     out = io.StringIO()
     call_command("experiment", "run", str(experiment_file), "--here", "--owner", user.username, stdout=out)
     spec = ExperimentSpec.from_file(experiment_file)
     experiment = Experiment.objects.get(name=spec.name)
     runs = {r.cell: r for r in experiment.runs.all()}
-    assert sorted(runs) == ["complementary/s0", "complementary/s1", "grpo/s0", "grpo/s1"], out.getvalue()
+    assert sorted(runs) == ["complementary/s0", "grpo/s0"], out.getvalue()
     for cell in spec.cells():
         run = runs[cell.key]
         assert run.status == Run.Status.SUCCEEDED, (cell.key, run.error)
@@ -89,18 +90,17 @@ def test_a_tiny_grid_trains_end_to_end_is_skipped_when_done_and_reports_every_se
         assert len(list(Path(run.checkpoint_dir).glob("checkpoints/step-*"))) == 1  # checkpoint_keep = 1
     last = MetricRow.objects.filter(run=runs["complementary/s0"], kind="train").get().values
     assert last["extractor/distil_calls"] >= 1 and "extractor/buffer" in last  # the extractor's track ran
-    for cell in ("complementary/s0", "complementary/s1"):  # every unparseable answer kept whole, with why
-        values = MetricRow.objects.filter(run=runs[cell], kind="train").get().values
-        failures = read_lines(Path(runs[cell].checkpoint_dir) / FAILURES_FILE)
-        assert len(failures) == values["extractor/parse_failures"]
-        assert all(f["errors"] and f["job"] in ("distil", "merge", "refine") for f in failures)
-        if failures:
-            copied = results_dir(spec.name) / "runs" / cell.replace("/", "-") / FAILURES_FILE
-            assert read_lines(copied) == failures
+    cell = "complementary/s0"  # every unparseable answer kept whole, with why
+    failures = read_lines(Path(runs[cell].checkpoint_dir) / FAILURES_FILE)
+    assert len(failures) == last["extractor/parse_failures"]
+    assert all(f["errors"] and f["job"] in ("distil", "merge", "refine") for f in failures)
+    if failures:
+        copied = results_dir(spec.name) / "runs" / cell.replace("/", "-") / FAILURES_FILE
+        assert read_lines(copied) == failures
 
     again = io.StringIO()
     call_command("experiment", "run", str(experiment_file), "--here", "--owner", user.username, stdout=again)
-    assert again.getvalue().count(": done") == 4 and experiment.runs.count() == 4
+    assert again.getvalue().count(": done") == 2 and experiment.runs.count() == 2
 
     call_command("experiment", "report", spec.name, stdout=io.StringIO())
     md = (results_dir(spec.name) / "report" / "report.md").read_text()
@@ -114,7 +114,7 @@ def test_a_tiny_grid_trains_end_to_end_is_skipped_when_done_and_reports_every_se
         "## 5. Cost",
     ):
         assert heading in md, heading
-    assert "| grpo | 2 |" in md and "| complementary | 2 |" in md  # the cost table has both arms
+    assert "| grpo | 1 |" in md and "| complementary | 1 |" in md  # the cost table has both arms
 
 
 def test_an_unfinished_cell_is_resumed_and_a_live_one_left_to_its_worker(user, experiment_file, monkeypatch):
