@@ -1,22 +1,28 @@
 """Issue 36, end to end: a 2-process complementary run launched from the browser form trains on a real
-Celery worker (a torchrun group of two ranks), writes each metric row once, fills one bank without
-duplicates, and its page shows both ranks. The actor is a tiny random-initialised Llama (two ranks of
-SmolLM2, each with its engines, would crowd this box); πϕ is the prepared SmolLM2, on rank 0.
+Celery worker (a torchrun group of two ranks); rank 1 is SIGKILLed after step 1's checkpoint and the
+supervisor restarts the whole group, which resumes from it (πϕ's shards and the extractor track's state
+included); the run writes each metric row once, distils every episode once, fills one bank without
+duplicates, and its page shows both ranks and the restart. The actor is a tiny random-initialised Llama
+(two ranks of SmolLM2, each with its engines, would crowd this box); πϕ is the prepared SmolLM2, on rank 0.
 Screenshot: two-process-run.png."""
 
 from __future__ import annotations
 
 import shutil
+import signal
+import threading
 import uuid
 
 import pytest
 from django.contrib.auth.models import Permission
 
-from tests.conftest import worker_on
+from tests.conftest import wait_for, worker_on
 from tests.e2e.conftest import ARTIFACTS
+from tests.trainer.test_parallel_group import _ranks
 from tests.trainer.tiny_models import tiny_llama_folder
 from trainer import paths
 from webapp.models import MetricRow, Run
+from webapp.training import run_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,6 +48,15 @@ def tiny_actor():
     folder = paths.models_dir() / f"e2e-tiny-llama-{uuid.uuid4().hex[:8]}"
     yield tiny_llama_folder(folder)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kill_rank_1_after_step_1(run: Run, queue: str) -> int:
+    """SIGKILL rank 1 of ``run``'s group once step 1 is checkpointed; its pid."""
+    first = run_dir(run) / "checkpoints" / "step-000001" / "state.json"
+    wait_for(first.exists, 900, "step 1's checkpoint")
+    ranks = wait_for(lambda: _ranks(run, queue), 60, "both ranks")
+    ranks[1].send_signal(signal.SIGKILL)
+    return ranks[1].pid
 
 
 @pytest.fixture
@@ -78,8 +93,19 @@ def test_a_two_process_complementary_run_launched_from_the_browser(
     assert run.status == "queued" and run.config["nproc"] == 2 and run.config["method"] == "complementary"
 
     page.wait_for_selector("#live-state.live")
+    # the worker's solo pool answers the start-up ping only once the run is over: the kill is a thread's
+    killed: list[int] = []
+    killer = threading.Thread(target=lambda: killed.append(_kill_rank_1_after_step_1(run, training_queue)))
+    killer.start()
     with worker_on(training_queue):
         page.wait_for_selector("#run-status.succeeded", timeout=900_000)
+    killer.join(timeout=60)
+    assert killed, "rank 1 was not killed"
+    run.refresh_from_db()
+    assert run.restarts == 1 and "resumed from the last checkpoint" in run.notice, run.notice
+    assert run.environment["resumed_at_steps"] in ("1", "2")  # πϕ's shards came back from extractor/dcp/
+    assert run.environment["device"] == "cpu" and run.environment["device_count"] == "2"
+    assert "resumed from the last checkpoint" in page.inner_text("#run-notice")
     page.wait_for_selector("#rank-table")
     ranks = page.inner_text("#rank-table")
     # each rank played 2 of the step's 4 episodes: rank 0 the 2 guided ones, rank 1 the 2 free ones
@@ -97,6 +123,10 @@ def test_a_two_process_complementary_run_launched_from_the_browser(
     steps = sorted(MetricRow.objects.filter(run=run, kind="train").values_list("step", flat=True))
     assert steps == [1, 2]  # each row once
     last = MetricRow.objects.get(run=run, kind="train", step=2).values
-    assert last["extractor/distilled"] == 8  # every episode of both steps distilled once
+    assert last["extractor/distilled"] == 8  # every episode of both steps distilled once, across the restart
     texts = list(Experience.objects.in_bank(run.pk, None).values_list("content", flat=True))
     assert len(texts) == len(set(texts)) and last["bank/size"] == len(texts) > 0
+    saved = run_dir(run) / "checkpoints" / "step-000002"
+    assert (saved / "dcp" / ".metadata").exists()
+    extractor_parts = ("dcp/.metadata", "state.pt", "model.safetensors")  # πϕ's shards, track, whole model
+    assert all((saved / "extractor" / part).exists() for part in extractor_parts)
