@@ -136,6 +136,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "load": scalars_table,
     "live-page": rows_table,
     "import-memory": scalars_table,
+    "import-speed": scalars_table,
     "request-cost": rows_table,
     "engines": rows_table,
     "engine-costs": scalars_table,

@@ -98,7 +98,7 @@ FILE_MAX_BYTES = 50 * 1024 * 1024
 """Largest file accepted from the web page."""
 LINES_MAX = 200_000
 """Most entries one import may hold."""
-BATCH_LINES = 64
+BATCH_LINES = 256
 BATCH_BYTES = 4_000_000
 """A batch of lines embedded and staged together: memory is bounded by this, not by the file."""
 COMMIT_CHUNK = 500
