@@ -143,6 +143,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "bf16-route": rows_table,
     "prompt-sensitivity": rows_table,
     "extractor-sampling": rows_table,
+    "rank-rollouts": rows_table,
 }
 """Output name → its table. Every benchmark that calls ``write_output`` has one here."""
 

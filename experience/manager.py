@@ -44,9 +44,8 @@ from trainer.store import (
     MergeReport,
     Op,
     OpResult,
-    RefineFn,
+    Refinement,
     Return,
-    SearchAskResult,
     Update,
 )
 
@@ -453,13 +452,16 @@ class ExperienceManager:
 
     # ---- Search-and-Ask, outcomes, training counters -------------------------------------------------
 
-    def search_and_ask(
-        self, query: str, scope: str, refine: RefineFn, *, episode_id: str = "", step: int = 0
-    ) -> SearchAskResult:
-        """Retrieve the best entry for the actor's query and let ``refine`` adapt it; recorded."""
-        found = self.retrieve([query], scope, k=1)[0]
-        entry = found[0] if found else None
-        refinement = refine(query, entry)
+    def record_ask(
+        self,
+        query: str,
+        scope: str,
+        entry: Entry | None,
+        refinement: Refinement,
+        *,
+        episode_id: str = "",
+        step: int = 0,
+    ) -> int:
         g = refinement.generation or Generation()
         exchange = SearchAsk.objects.create(
             run_id=self.run_id, scope=scope, query=query, experience_id=entry.id if entry else None,
@@ -468,7 +470,7 @@ class ExperienceManager:
             generation_token_ids=list(g.token_ids), generation_logprobs=list(g.logprobs),
             generation_weight_version=g.weight_version,
         )  # fmt: skip
-        return SearchAskResult(exchange.pk, entry, refinement.text)
+        return exchange.pk
 
     def record_outcomes(self, outcomes: Sequence[GuidedOutcome]) -> None:
         tally: dict[int, list[int]] = defaultdict(lambda: [0, 0])

@@ -88,10 +88,18 @@ def workers_running(commands: list[list[str]]):
 
         deadline = time.monotonic() + 180  # start-up imports torch and Django: slow on a busy machine
         for worker, node, log_path in zip(workers, nodes, logs, strict=True):
-            while not app.control.ping(destination=[node], timeout=1.0):
+            while not _started(app, node, log_path):
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the test Celery worker did not start: {log_path.read_text()}")
         yield nodes
+
+
+def _started(app, node: str, log_path: Path) -> bool:
+    """The worker answers a ping, or has logged that it is ready: a solo pool that took a queued task the
+    moment it started answers pings only once that task ends."""
+    return f"{node} ready." in log_path.read_text(errors="replace") or bool(
+        app.control.ping(destination=[node], timeout=1.0)
+    )
 
 
 def _stop_workers(workers: list[subprocess.Popen]) -> None:

@@ -130,11 +130,37 @@ class BankRetriever:
         return out
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A completion that asks the bank: the question, where it was asked, and what the actor is told."""
+
+    spec: EpisodeSpec
+    position: int
+    """The episode's place in the group's batch: rank 0 serves every rank's asks of a turn in this order."""
+    turn: int
+    query: str
+    scope: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    entry: Entry | None
+    refinement: Refinement
+
+
 class SearchAndAsk:
-    """The runner's intercept for Search-and-Ask (docs/design.md §3.3): see the module docstring."""
+    """The runner's intercept for Search-and-Ask (docs/design.md §3.3): see the module docstring.
+
+    On every rank of a torchrun group, each turn (a collective, ``Intercept.collective``): a rank finds the
+    asks among its own episodes' completions, rank 0 searches the bank for every rank's asks of the turn in
+    the batch's order (the very calls one process makes), each rank's πϕ engine refines its own asks' entries
+    (under the same weight-version check), and rank 0 records every exchange once, in the same order, and
+    sends its trace. ``store`` is rank 0's; a helper rank passes None."""
+
+    collective = True
 
     def __init__(
-        self, store: ExperienceStore, extractor: Extractor, cfg: RunConfig, reporter: Reporter
+        self, store: ExperienceStore | None, extractor: Extractor, cfg: RunConfig, reporter: Reporter | None
     ) -> None:
         self.store = store
         self.extractor = extractor
@@ -143,47 +169,72 @@ class SearchAndAsk:
         self.limit = cfg.search_and_ask_limit
         self.step = 0
         self.refinements: dict[str, list[Generation]] = {}
-        """Refinement generations per episode id, credited by the episode's outcome."""
+        """Refinement generations per episode id (every rank's, on rank 0), credited by the outcome."""
         self.exchanges = 0
         self.seconds = 0.0
 
-    def __call__(self, state: EpisodeState, text: str) -> str | None:
+    def __call__(self, states: Sequence[EpisodeState], texts: Sequence[str]) -> list[str | None]:
+        t0 = time.perf_counter()
+        asks = [self._ask(state, text) for state, text in zip(states, texts, strict=True)]
+        mine = [a for a in asks if a is not None]
+        owned_by = [r for _, r in sorted(
+            (position, r) for r, part in enumerate(parallel.gather_values([a.position for a in mine]))
+            for position in part
+        )]  # fmt: skip
+        if not owned_by:  # no rank asked this turn
+            return [None] * len(states)
+        found = parallel.on_rank_zero(mine, owned_by, self._search)
+        answers = [Answer(e, self.extractor.refine_fn(a.query, e)) for a, e in zip(mine, found, strict=True)]
+        parallel.on_rank_zero(list(zip(mine, answers, strict=True)), owned_by, self._record)
+        self.seconds += time.perf_counter() - t0
+        told = iter(
+            f"Experience bank answer to '{a.query[:200]}':\n{r.refinement.text}"
+            for a, r in zip(mine, answers, strict=True)
+        )
+        return [None if a is None else next(told) for a in asks]
+
+    def _ask(self, state: EpisodeState, text: str) -> Ask | None:
+        """The ask in a completion, if it is one and the episode may still ask."""
         match = SEARCH_TAG.search(text)
         if match is None or not state.spec.guided or state.experience is None:
             return None
         if sum(t.intercepted for t in state.turns) >= self.limit:
             return None  # over the limit: the text goes to the env as an action
         query = match.group(1).strip() or state.goal
-        t0 = time.perf_counter()
-        ep = episode_id(str(self.step), state.spec)
         scope = scope_for(self.cfg, state.spec.env_name)
-        made: list[Refinement] = []
+        return Ask(state.spec, state.position, len(state.turns), query, scope)
 
-        def refine(question: str, entry: Entry | None) -> Refinement:
-            made.append(self.extractor.refine_fn(question, entry))
-            return made[-1]
+    def _search(self, asks: Sequence[Ask]) -> list[Entry | None]:
+        """Rank 0: the best entry for each ask, in the batch's order."""
+        assert self.store is not None, "Search-and-Ask searches on rank 0, which holds the store"
+        return [next(iter(self.store.retrieve([a.query], a.scope, k=1)[0]), None) for a in asks]
 
-        result = self.store.search_and_ask(query, scope, refine, episode_id=ep, step=self.step)
-        self.seconds += time.perf_counter() - t0
-        self.exchanges += 1
-        # the store keeps the refinement's generation too; we credit it once the episode has ended
-        self.refinements.setdefault(ep, []).extend(r.generation for r in made if r.generation is not None)
-        on_trace(
-            self.reporter,
-            self.step,
-            {
-                "kind": "search_and_ask",
-                "exchange_id": result.exchange_id,
-                "episode_id": ep,
-                "turn": len(state.turns),
-                "query": query,
-                "entry_id": result.entry.id if result.entry else None,
-                "entry_title": result.entry.title if result.entry else "",
-                "answer": result.text,
-                "extractor_version": self.extractor.expected_version,
-            },
-        )
-        return f"Experience bank answer to '{query[:200]}':\n{result.text}"
+    def _record(self, exchanges: Sequence[tuple[Ask, Answer]]) -> list[int]:
+        """Rank 0: every exchange recorded once and traced; its refinement kept for credit."""
+        assert self.store is not None, "Search-and-Ask records on rank 0, which holds the store"
+        ids = []
+        for ask, answer in exchanges:
+            ep = episode_id(str(self.step), ask.spec)
+            entry, refinement = answer.entry, answer.refinement
+            exchange_id = self.store.record_ask(
+                ask.query, ask.scope, entry, refinement, episode_id=ep, step=self.step
+            )
+            self.exchanges += 1
+            if refinement.generation is not None:
+                self.refinements.setdefault(ep, []).append(refinement.generation)
+            version = (
+                refinement.generation.weight_version
+                if refinement.generation
+                else self.extractor.expected_version
+            )
+            on_trace(self.reporter, self.step, {
+                "kind": "search_and_ask", "exchange_id": exchange_id, "episode_id": ep, "turn": ask.turn,
+                "query": ask.query, "entry_id": entry.id if entry else None,
+                "entry_title": entry.title if entry else "", "answer": refinement.text,
+                "extractor_version": version,
+            })  # fmt: skip
+            ids.append(exchange_id)
+        return ids
 
 
 class _Runner:
@@ -261,8 +312,6 @@ class CoevolutionLoop(TrainingLoop):
         self.retriever = BankRetriever(self.store, cfg, tool_note=note)
         self.retrieve = self.retriever
         self.eval_retrieve = BankRetriever(self.store, cfg, count=False)
-        # episodes that may ask the bank play where Search-and-Ask is served: rank 0 (docs/design.md §7)
-        self.runner.guided_on_rank_zero = self.tool is not None
         self.runner = _Runner(self.runner, self.tool, self._submit)
         buffer = CreditBuffer(
             cfg.extractor.buffer_size,
@@ -371,18 +420,22 @@ class HelperRankLoop(TrainingLoop):
     """Ranks 1..N-1 of a multi-process run that uses experience (docs/design.md §7): the actor's loop,
     making the same collectives as rank 0's ``CoevolutionLoop`` (retrievals, rollout gathers, sharded
     updates and syncs of both models, both evaluation columns, checkpoints) while playing the guided and
-    free episodes it owns. The bank, the extractor track and Search-and-Ask live on rank 0 alone, so entries
-    are retrieved, credited, distilled and written once; this rank trains its shards of πϕ on the batches
+    free episodes it owns. The bank and the extractor track live on rank 0 alone, so entries are retrieved,
+    credited, distilled and written once (this rank's Search-and-Ask questions are searched and recorded
+    there too; its own πϕ engine refines their answers); this rank trains its shards of πϕ on the batches
     rank 0 hands out, and reports nothing."""
 
     extractor: Extractor | None = None
-    """πϕ over this rank's engine, which only serves its synced weights (rank 0's distils)."""
+    """πϕ over this rank's engine, synced with rank 0's: it refines this rank's Search-and-Ask answers."""
     extractor_update: ExtractorUpdate | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.retrieve = self.eval_retrieve = RankZeroBank()
-        self.runner.guided_on_rank_zero = bool(self.cfg.search_and_ask_limit)  # as rank 0's
+        if self.cfg.search_and_ask_limit:  # this rank's asks: rank 0 searches and records, πϕ here refines
+            assert self.extractor is not None, "a helper rank of a run with Search-and-Ask needs πϕ"
+            tool = SearchAndAsk(None, self.extractor, self.cfg, None)
+            self.runner = _Runner(self.runner, tool, lambda episodes: None)
 
     def run(self) -> Metrics:
         last = super().run()

@@ -759,7 +759,7 @@ PRESETS: dict[str, RunConfig] = {
     ),
     # The paper's setting: 7B actor, 4B extractor, 3-task mixture, paper hyper-parameters, full fine-tunes
     # sharded with FSDP2 over one node of 8 GPUs of 80 GB. Sized by trainer.plan (manage.py plan --config
-    # paper --devices 8x80GB): ~76 GB on rank 0 (which also plays every guided episode and holds the bank)
+    # paper --devices 8x80GB): ~76 GB on rank 0 (which also holds the bank and the extractor track)
     # at 8,192 context tokens; 16,384 would need ~91 GB, most of it the output layer's log-softmax over ~12k
     # own tokens × 152k vocabulary (kept for the backward).
     "paper": RunConfig(

@@ -300,34 +300,20 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item())
 
 
-def owners(
-    guided: Sequence[bool], world: int | None = None, *, guided_on_rank_zero: bool = False
-) -> list[int]:
+def owners(guided: Sequence[bool], world: int | None = None) -> list[int]:
     """Which rank plays each episode (by position; ``guided``: whether each is experience-guided).
 
     Every rank plays its share of the guided episodes and of the free ones, each within one of the
     balanced share: the guided episodes are dealt round the ranks from rank 0, the free ones go on dealing
     from the rank after the last guided one, so each rank's total is balanced too. Without guided episodes
-    that is every world_size-th, from rank 0. Retrieval stays rank 0's whatever the owner
-    (``on_rank_zero``). ``guided_on_rank_zero``: guided episodes that may ask the bank
-    (Search-and-Ask, which rank 0 alone serves) all play there, and each free episode goes to the rank with
-    the fewest so far, the lowest on ties (docs/design.md §7). Every rank computes the same answer from the
-    specs alone."""
+    that is every world_size-th, from rank 0. Retrieval and Search-and-Ask's searches stay rank 0's whatever
+    the owner (``on_rank_zero``). Every rank computes the same answer from the specs alone."""
     if world is None:
         world = _rank_and_world()[1]
-    if not guided_on_rank_zero:
-        dealt = iter(range(len(guided)))
-        order = {i: next(dealt) for i, g in enumerate(guided) if g}
-        order |= {i: next(dealt) for i, g in enumerate(guided) if not g}
-        return [order[i] % world for i in range(len(guided))]
-    load = [0] * world
-    load[0] = sum(guided)
-    out = []
-    for g in guided:
-        rank = 0 if g else min(range(world), key=lambda r: (load[r], r))
-        load[rank] += 0 if g else 1
-        out.append(rank)
-    return out
+    dealt = iter(range(len(guided)))
+    order = {i: next(dealt) for i, g in enumerate(guided) if g}
+    order |= {i: next(dealt) for i, g in enumerate(guided) if not g}
+    return [order[i] % world for i in range(len(guided))]
 
 
 def gather_owned(mine: list[T], owned_by: Sequence[int]) -> list[T]:
@@ -379,14 +365,14 @@ def on_rank_zero(mine: list[T], owned_by: Sequence[int], serve: Callable[[list[T
     return [x for x, r in zip(found, owned_by, strict=True) if r == rank]
 
 
-def gather_values(values: dict[str, float]) -> list[dict[str, float]]:
-    """Every rank's ``values``, by rank (a collective: ``all_gather_object``); one process: its own."""
+def gather_values(value: T) -> list[T]:
+    """Every rank's ``value``, by rank (a collective: ``all_gather_object``); one process: its own."""
     rank, world = _rank_and_world()
     if world == 1:
-        return [values]
-    out: list[dict[str, float] | None] = [None] * world
-    dist.all_gather_object(out, values)
-    return out
+        return [value]
+    out: list[T | None] = [None] * world
+    dist.all_gather_object(out, value)
+    return out  # type: ignore[return-value]
 
 
 def barrier() -> None:

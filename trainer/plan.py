@@ -383,14 +383,12 @@ def plan_run(cfg: RunConfig, devices: Devices | None = None, *, nproc: int | Non
     parts.append(Part("process overhead (measured)", PROCESS_OVERHEAD_BYTES, True))
     step_s, eval_s = _step_seconds(cfg, actor, extractor, kind, nproc), _eval_seconds(cfg, actor, kind, nproc)
     notes = ()
-    if cfg.uses_experience and nproc > 1 and cfg.search_and_ask_limit:
-        notes = ("rank 0 (the figures above) plays every guided training episode (they may ask the bank, "
-                 "which Search-and-Ask serves there) and holds the bank and the extractor track; the other "
-                 "ranks play the free episodes",)  # fmt: skip
-    elif cfg.uses_experience and nproc > 1:
+    if cfg.uses_experience and nproc > 1:
         notes = (
             "every rank plays its share of the guided and of the free episodes; rank 0 (the figures above) "
-            "holds the bank, answers every rank's retrievals and runs the extractor track",
+            "holds the bank, answers every rank's retrievals"
+            + (" and Search-and-Ask searches" if cfg.search_and_ask_limit else "")
+            + " and runs the extractor track",
         )
     blockers = _cache_blockers(cfg, actor, extractor, kind)
     return Plan(tuple(parts), nproc, kind, step_s, eval_s, notes, blockers)
@@ -553,21 +551,16 @@ def _envs_per_batch(cfg: RunConfig) -> int:
 
 def _live_per_rank(cfg: RunConfig, nproc: int) -> int:
     """Episodes alive at once in the busiest process: a step's rollouts, or one evaluation column (every env
-    of the mixture plays its ``eval_episodes`` in one batch), shared out over the ranks; rank 0 plays every
-    guided training episode when they may ask the bank (``trainer.parallel.owners``)."""
+    of the mixture plays its ``eval_episodes`` in one batch), shared out over the ranks
+    (``trainer.parallel.owners``)."""
     column = cfg.eval_episodes * _envs_per_batch(cfg)
-    shared = math.ceil(max(cfg.rollouts_per_step, column) / nproc)
-    if not cfg.search_and_ask_limit or nproc == 1:
-        return shared
-    return max(shared, cfg.tasks_per_step * cfg.guided_per_task)
+    return math.ceil(max(cfg.rollouts_per_step, column) / nproc)
 
 
 def _rollout_ranks(cfg: RunConfig, nproc: int) -> float:
-    """How many ranks a step's rollouts effectively spread over: rank 0's guided share sets the pace when
-    the guided episodes may ask the bank (they all play there); otherwise every rank plays its share."""
-    guided = cfg.tasks_per_step * cfg.guided_per_task if cfg.search_and_ask_limit else 0
-    busiest = max(math.ceil(cfg.rollouts_per_step / nproc), guided)
-    return cfg.rollouts_per_step / busiest if nproc > 1 else 1
+    """How many ranks a step's rollouts effectively spread over: every rank plays its share, and the
+    busiest's (one more than the others' when they do not divide evenly) sets the pace."""
+    return cfg.rollouts_per_step / math.ceil(cfg.rollouts_per_step / nproc) if nproc > 1 else 1
 
 
 def _episodes_bytes(cfg: RunConfig, nproc: int) -> int:

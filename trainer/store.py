@@ -150,13 +150,6 @@ RefineFn = Callable[[str, Entry | None], Refinement]
 
 
 @dataclass(frozen=True)
-class SearchAskResult:
-    exchange_id: int
-    entry: Entry | None
-    text: str
-
-
-@dataclass(frozen=True)
 class GuidedOutcome:
     """The outcome of one episode guided by ``entry_id`` (and of its Search-and-Ask exchanges)."""
 
@@ -197,10 +190,18 @@ class ExperienceStore(Protocol):
         had committed but not journaled adds no entry twice)."""
         ...
 
-    def search_and_ask(
-        self, query: str, scope: str, refine: RefineFn, *, episode_id: str = "", step: int = 0
-    ) -> SearchAskResult:
-        """Retrieve the best entry for a free-text query, refine it for the actor; recorded."""
+    def record_ask(
+        self,
+        query: str,
+        scope: str,
+        entry: Entry | None,
+        refinement: Refinement,
+        *,
+        episode_id: str = "",
+        step: int = 0,
+    ) -> int:
+        """Record a Search-and-Ask exchange (the actor's question, the entry ``retrieve`` found for it and
+        πϕ's refinement of it) and return its id; its outcome comes later (``record_outcomes``)."""
         ...
 
     def merge(self, scope: str, merge_fn: MergeFn, *, step: int) -> MergeReport:

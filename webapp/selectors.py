@@ -389,9 +389,8 @@ def _newest_median(run: Run, kind: str, key: str) -> float | None:
 def rank_table(run: Run) -> dict[str, Any]:
     """The newest step's per-process figures of a torchrun run (``rank/<r>/<name>`` metrics, written by
     ``TrainingLoop.rank_metrics``): ``{"step", "ranks": [{"rank", "episodes", "guided", "free",
-    "tokens_per_s", "rss_gib"}], "experience", "guided_on_rank_zero"}`` in rank order. ``free`` is what a
-    rank played without experience; ``guided_on_rank_zero``: Search-and-Ask is on, which rank 0 alone serves,
-    so every guided training episode plays there (docs/design.md §7)."""
+    "tokens_per_s", "rss_gib"}], "experience"}`` in rank order. ``free`` is what a rank played without
+    experience (docs/design.md §7)."""
     latest = latest_values(run.id, "train")
     ranks: dict[int, dict[str, Any]] = {}
     for key, value in latest["values"].items():
@@ -409,7 +408,6 @@ def rank_table(run: Run) -> dict[str, Any]:
         "step": latest["step"],
         "ranks": [ranks[r] for r in sorted(ranks)],
         "experience": bool(cfg and cfg.uses_experience),
-        "guided_on_rank_zero": bool(cfg and cfg.search_and_ask_limit),
     }
 
 

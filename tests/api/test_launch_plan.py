@@ -82,7 +82,8 @@ def test_a_complementary_launch_on_eight_processes_goes_to_the_node_and_says_wha
     register(worker("node@z", "8x80GB"))
     answer = _post(api, "/api/v1/plan", {"config": {"nproc": 8, "device": "cuda"}}).json()
     assert answer["fits"] and answer["worker"] == "node@z" and answer["refusal"] is None
-    assert "rank 0 (the figures above) plays every guided training episode" in answer["table"]
+    assert "every rank plays its share of the guided and of the free episodes" in answer["table"]
+    assert "answers every rank's retrievals and Search-and-Ask searches" in answer["table"]
 
 
 @pytest.mark.parametrize(

@@ -236,20 +236,16 @@ def test_an_often_retrieved_entry_is_demoted_and_the_switch_turns_it_off(run, em
         assert best.id == heat_id and best.score == best.similarity
 
 
-def test_search_and_ask_refines_the_best_entry_and_is_credited(manager):
+def test_a_search_and_ask_exchange_is_recorded_and_credited(manager):
     [heat_id] = add(manager, HEAT)
-    seen = []
-
-    def refine(query, entry):
-        seen.append((query, entry.id))
-        steps = entry.content.replace("X", "the mug")
-        return Refinement(f"For your task: {steps}", Generation("p", "r", (1,), (-0.5,), 2))
-
-    result = manager.search_and_ask("how do I heat the mug?", "alfworld", refine, episode_id="ep-1", step=3)
-    assert seen == [("how do I heat the mug?", heat_id)] and result.entry.id == heat_id
-    assert result.text.startswith("For your task: To heat the mug: find the mug")
-    exchange = SearchAsk.objects.get(pk=result.exchange_id)
-    assert (exchange.experience_id, exchange.refined, exchange.step) == (heat_id, result.text, 3)
+    [[entry]] = manager.retrieve(["how do I heat the mug?"], "alfworld", k=1)
+    refined = Refinement("For your task: heat the mug", Generation("p", "r", (1,), (-0.5,), 2))
+    exchange_id = manager.record_ask(
+        "how do I heat the mug?", "alfworld", entry, refined, episode_id="ep-1", step=3
+    )
+    exchange = SearchAsk.objects.get(pk=exchange_id)
+    assert (exchange.experience_id, exchange.refined, exchange.step) == (heat_id, refined.text, 3)
+    assert exchange.similarity == pytest.approx(entry.similarity)
     assert exchange.generation_logprobs == [-0.5] and exchange.success is None
 
     manager.record_outcomes([GuidedOutcome("ep-1", True, heat_id), GuidedOutcome("ep-2", False, heat_id)])
@@ -258,8 +254,8 @@ def test_search_and_ask_refines_the_best_entry_and_is_credited(manager):
     assert exchange.success is True
     assert (heat.guided_successes, heat.guided_failures, heat.success_rate) == (1, 1, 0.5)
 
-    empty = manager.search_and_ask("anything", "sokoban", lambda q, e: Refinement(f"no entry for {q}"))
-    assert empty.entry is None and empty.text == "no entry for anything"
+    nothing = manager.record_ask("anything", "sokoban", None, Refinement("no entry for anything"))
+    assert SearchAsk.objects.get(pk=nothing).experience_id is None
 
 
 def test_training_counters(manager):

@@ -8,8 +8,8 @@ checkpoint and steps again (the uninterrupted second step). ``resume OUT``: new 
 checkpoint and take the second step. ``rollouts OUT MODEL``: the episodes of a training step of the cpu
 preset on MODEL (a vLLM engine per rank, each playing its share, gathered). ``retrieval OUT MODEL``: guided
 and free episodes on MODEL (an HF engine per rank) whose experiences rank 0's recording retriever serves to
-every rank (issue 47); ``serve_error OUT``: rank 0's server fails while both ranks wait for it. Rank 0
-writes ``OUT/<name>.pt``.
+every rank and whose guided episodes ask the bank mid-episode (issue 47); ``serve_error OUT``: rank 0's
+server fails while both ranks wait for it. Rank 0 writes ``OUT/<name>.pt``.
 """
 
 from __future__ import annotations
@@ -80,9 +80,7 @@ def actor_batch(model) -> list[Episode]:
             if group == 1 and k == 2:  # as after a context rebuild
                 segs.append(_segment(model, gen, 20, [6]))
             spec = EpisodeSpec("tiny", seed=group, group=group, guided=k < 2)
-            episodes.append(
-                Episode(spec, "", "", None, [], segs, r, r > 0, False, [0], 0.0)  # type: ignore[arg-type]
-            )
+            episodes.append(Episode(spec, "", "", None, [], segs, r, r > 0, False, [0], 0.0))
     return episodes
 
 
@@ -147,7 +145,7 @@ def run_steps(placement, out_dir: Path) -> dict:
     result["extractor_initial"] = weights(model)
     update = ExtractorUpdate(model, EXTRACTOR)
     record_grads(update, result)
-    result["extractor_loss"] = update.step(batch, _Prompts())["extractor/loss"]  # type: ignore[arg-type]
+    result["extractor_loss"] = update.step(batch, _Prompts())["extractor/loss"]
     result["extractor_grads"] = result.pop("grads")
     result["extractor_weights"] = weights(model)
     return result
@@ -207,12 +205,63 @@ class RecordingBank:
         return found
 
 
+class RecordingStore:
+    """Stands for the bank behind Search-and-Ask on rank 0: what it finds depends on every search before
+    (as usage penalties do), and it records every search and every exchange."""
+
+    def __init__(self) -> None:
+        self.searches: list[tuple[tuple[str, ...], str]] = []
+        self.exchanges: list[tuple[str, int | None, str, str, int]] = []
+
+    def retrieve(self, queries, scope, k=1, *, count=True):
+        from trainer.store import Entry
+
+        self.searches.append((tuple(queries), scope))
+        n = len(self.searches) % 3
+        return [[Entry(n, scope, f"entry {n}", "go east " * (n + 1))] for _ in queries]
+
+    def record_ask(self, query, scope, entry, refinement, *, episode_id="", step=0):
+        self.exchanges.append((query, entry.id if entry else None, refinement.text, episode_id, step))
+        return len(self.exchanges)
+
+
+class Traces:
+    def __init__(self) -> None:
+        self.traces: list[dict] = []
+
+    def on_trace(self, step, trace) -> None:
+        self.traces.append(dict(trace, step=step))
+
+
+class Asking:
+    """Search-and-Ask as the loop passes it, with every guided episode's completions turned into questions
+    that differ by room and turn (a random tiny model never writes the tag): the tool's own rules (guided,
+    experienced, the per-episode limit) still decide which are asks."""
+
+    collective = True
+
+    def __init__(self, tool) -> None:
+        self.tool = tool
+
+    def __call__(self, states, texts):
+        asked = [
+            f"<search>way out of room {s.spec.seed} after {len(s.turns)} turns</search>"
+            if s.spec.guided
+            else t
+            for s, t in zip(states, texts, strict=True)
+        ]
+        return self.tool(states, asked)
+
+
 def run_retrieval(model_path: str) -> dict:
     """Two batches through ``ShardedRunner`` with a retriever on rank 0 alone (a helper rank passes
-    ``RankZeroBank``, which raises if called): a training step's 4 guided + 4 free episodes, then 2 guided
-    evaluation episodes (on 4 ranks, two ranks hold none of them and join the retrieval empty-handed)."""
-    from trainer.coevolution import RankZeroBank
+    ``RankZeroBank``, which raises if called): a training step's 4 guided + 4 free episodes, whose guided
+    episodes ask the bank (Search-and-Ask: rank 0's store searches and records, each rank's πϕ engine,
+    greedy, refines), then 2 guided evaluation episodes (on 4 ranks, two ranks hold none of them and join
+    the retrieval empty-handed)."""
+    from trainer.coevolution import RankZeroBank, SearchAndAsk
     from trainer.config import get_preset
+    from trainer.extractor.model import Extractor
     from trainer.loop import sample_tasks
     from trainer.models import load_tokenizer
     from trainer.rollout.hf import HFEngine
@@ -230,22 +279,37 @@ def run_retrieval(model_path: str) -> dict:
     cfg = get_preset("cpu").with_overrides(tasks_per_step=2, k_rollouts=4, env="MiniHack-Room-Random-5x5")
     cfg = cfg.with_overrides(method="complementary")  # the random room: each instance asks its own query
     engine = HFEngine(model_path)
-    bank = RecordingBank() if parallel.is_main() else RankZeroBank()
-    inner = Played(engine, load_tokenizer(model_path), max_new_tokens=12, turn_limit=3)
+    tokenizer = load_tokenizer(model_path)
+    main = parallel.is_main()
+    bank, store, traces = (
+        (RecordingBank(), RecordingStore(), Traces()) if main else (RankZeroBank(), None, None)
+    )
+    extractor = Extractor(engine, tokenizer, max_new_tokens=8, temperature=0.0)
+    tool = SearchAndAsk(store, extractor, cfg, traces)
+    tool.step = 1
+    inner = Played(engine, tokenizer, max_new_tokens=12, turn_limit=3)
     runner = ShardedRunner(inner)
     step = sample_tasks(cfg, step=1)
     batches = [step, [EpisodeSpec(step[0].env_name, s, s, True, 100 + s) for s in range(2)]]
-    episodes = [e for specs in batches for e in runner.run(specs, retrieve=bank)[0]]
+    episodes = runner.run(batches[0], retrieve=bank, intercept=Asking(tool))[0]
+    episodes += runner.run(batches[1], retrieve=bank)[0]  # evaluation: no Search-and-Ask
     runner.close()
     engine.close()
+    played = parallel.gather_values(inner.played)
     return {
         "specs": [e.spec for e in episodes],
         "experiences": [e.experience for e in episodes],
         "systems": [e.system for e in episodes],
         "actions": [[t.action_text for t in e.turns] for e in episodes],
+        "observations": [[t.observation for t in e.turns] for e in episodes],
+        "intercepted": [[t.intercepted for t in e.turns] for e in episodes],
         "ids": [[s.response_ids for s in e.segments] for e in episodes],
         "calls": bank.calls if isinstance(bank, RecordingBank) else None,
-        "played": parallel.gather_values(inner.played),  # type: ignore[arg-type]
+        "searches": store.searches if store else None,
+        "exchanges": store.exchanges if store else None,
+        "traces": traces.traces if traces else None,
+        "refinements": {ep: len(g) for ep, g in tool.refinements.items()},
+        "played": played,
     }
 
 
@@ -260,7 +324,7 @@ def run_serve_error() -> dict:
         error = "none"
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    return {"errors": parallel.gather_values(error)}  # type: ignore[arg-type]
+    return {"errors": parallel.gather_values(error)}
 
 
 def main() -> None:

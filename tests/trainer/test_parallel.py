@@ -117,20 +117,6 @@ def test_any_order_of_guided_and_free_episodes_balances_both(guided, world):
         assert owners == [i % world for i in range(len(guided))]
 
 
-@given(st.lists(st.booleans(), max_size=40), st.integers(1, 8))
-def test_episodes_that_may_ask_the_bank_play_on_rank_0_and_the_free_ones_balance_the_load(guided, world):
-    """Search-and-Ask is served on rank 0 alone: its guided episodes stay there (docs/design.md §7)."""
-    owners = parallel.owners(guided, world, guided_on_rank_zero=True)
-    assert len(owners) == len(guided) and all(0 <= r < world for r in owners)
-    assert all(r == 0 for r, g in zip(owners, guided, strict=True) if g)  # where Search-and-Ask is served
-    load = [owners.count(r) for r in range(world)]
-    free_ranks = [load[r] for r in range(1, world)]
-    if free_ranks:  # the free episodes fill the least loaded rank first, rank 0 included once it is
-        assert max(free_ranks) - min(free_ranks) <= 1 and max(free_ranks) <= max(load[0], min(free_ranks) + 1)
-    if not any(guided):
-        assert owners == [i % world for i in range(len(guided))]
-
-
 def test_each_rank_samples_its_share_of_the_episodes_as_a_single_engine_does(tmp_path, tiny_model):
     """A vLLM engine per rank (external launcher inside the torchrun group), the same request seeds."""
     one = _run(tmp_path / "one", "rollouts", 1, str(tiny_model))

@@ -1,7 +1,9 @@
 """Every rank plays experience-guided episodes (issue 47): on 1, 2 and 4 processes the same batch of guided
-and free episodes, whose experiences rank 0's retriever serves to every rank, makes the same retrieval calls
-(the same queries in the same order, the same answers) and the same episodes; guided episodes play on ranks
-other than 0. ``dist_worker.py retrieval`` plays them (a tiny random Llama, an HF engine per rank, gloo)."""
+and free episodes, whose experiences rank 0's retriever serves to every rank and whose guided episodes ask
+the bank mid-episode (Search-and-Ask), makes the same retrieval calls and searches (the same queries in the
+same order, the same answers), records each exchange once, and plays the same episodes; guided episodes
+play, and ask, on ranks other than 0. ``dist_worker.py retrieval`` plays them (a tiny random Llama, an HF
+engine per rank, gloo)."""
 
 from __future__ import annotations
 
@@ -37,8 +39,35 @@ def test_the_same_episodes_play_on_one_two_and_four_ranks(played):
     for n in (2, 4):
         assert played[n]["specs"] == one["specs"]
         assert played[n]["systems"] == one["systems"]  # the experience injected into each prompt
+        assert played[n]["observations"] == one["observations"], n  # the bank's answers among them
         assert played[n]["ids"] == one["ids"] and played[n]["actions"] == one["actions"], n
     assert len({tuple(a) for a in one["actions"]}) > 1  # sampled: the seeds differ, so do the episodes
+
+
+def test_search_and_ask_searches_and_records_every_ranks_questions_once_in_the_same_order(played):
+    one = played[1]
+    limit = 2  # the cpu preset's experience.search_and_ask_max
+    training = one["specs"][:8]  # then 2 evaluation episodes, which do not ask
+    asked = [sum(i) for i in one["intercepted"][:8]]
+    assert asked == [limit if s.guided else 0 for s in training]  # guided ones up to the limit, free never
+    assert not any(any(i) for i in one["intercepted"][8:])
+    assert len(one["searches"]) == len(one["exchanges"]) == len(one["traces"]) == 4 * limit
+    assert [q for (q,), _ in one["searches"]] == [e[0] for e in one["exchanges"]]  # searched, then recorded
+    assert len({e[0] for e in one["exchanges"]}) == 4  # 2 rooms x 2 turns: the order shows
+    guided = [obs for obs, s in zip(one["observations"], training, strict=False) if s.guided]
+    assert all(o.startswith("Experience bank answer to 'way out of room") for obs in guided for o in obs[1:])
+    assert [t["exchange_id"] for t in one["traces"]] == list(range(1, 4 * limit + 1))
+    for n in (2, 4):
+        for key in ("searches", "exchanges", "traces", "refinements"):
+            assert played[n][key] == one[key], (n, key)
+    assert sorted(one["refinements"].values()) == [limit] * 4  # credited to each asking episode
+
+
+def test_questions_are_asked_on_every_rank_that_plays_guided_episodes(played):
+    for n in (2, 4):
+        for rank, specs in enumerate(played[n]["played"]):
+            owned = [i for i, s in enumerate(played[n]["specs"][:8]) if s in specs]
+            assert any(any(played[n]["intercepted"][i]) for i in owned), (n, rank)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -57,13 +86,12 @@ def test_an_error_in_rank_0s_retriever_reaches_every_rank_instead_of_hanging_the
     assert errors[1].startswith("RuntimeError: rank 0 failed to serve rank 1's items: KeyError")
 
 
-def test_the_plan_counts_every_ranks_share_of_guided_episodes_when_they_cannot_ask():
+def test_the_plan_counts_every_ranks_share_of_guided_episodes_whether_they_may_ask_or_not():
     cfg = get_preset("cpu").with_overrides(nproc=4, tasks_per_step=2, k_rollouts=8, eval_episodes=2)
     devices = Devices.parse("cpu:24GB")
-    asks = plan_run(cfg, devices)
-    assert "live episodes (8 at once)" in {p.name for p in asks.parts}  # 2 tasks × 4 guided on rank 0
-    spread = plan_run(cfg.with_overrides(no_search_and_ask=True), devices)
-    assert "live episodes (4 at once)" in {p.name for p in spread.parts}  # 16 / 4, guided or not
-    assert "every rank plays its share" in spread.notes[0] and "every guided" in asks.notes[0]
+    for asks in (cfg, cfg.with_overrides(no_search_and_ask=True)):
+        plan = plan_run(asks, devices)
+        assert "live episodes (4 at once)" in {p.name for p in plan.parts}  # 16 / 4, guided or not
+        assert "every rank plays its share" in plan.notes[0]
     paper, node = get_preset("paper"), Devices.parse("8x80GB")  # 8 GPUs divide the rollout time
-    assert plan_run(paper.with_overrides(no_search_and_ask=True), node).step_s < plan_run(paper, node).step_s
+    assert plan_run(paper, node).step_s < plan_run(paper, node, nproc=1).step_s

@@ -135,12 +135,11 @@ def test_both_trainers_are_sharded_over_the_ranks_of_a_complementary_run() -> No
         assert f"{role}: gathered FSDP blocks" in eight
 
 
-def test_rank_0_plays_every_guided_episode_and_the_plan_counts_them_there() -> None:
+def test_every_rank_plays_its_share_of_the_guided_episodes_and_the_plan_counts_that() -> None:
     cfg = get_preset("cpu").with_overrides(nproc=4, tasks_per_step=2, k_rollouts=8, eval_episodes=2)
-    live = {p.name for p in plan_run(cfg, Devices.parse("cpu:24GB")).parts}
-    assert "live episodes (8 at once)" in live  # 2 tasks × 4 guided on rank 0, not 16 / 4
-    live = {p.name for p in plan_run(cfg.with_overrides(method="grpo"), Devices.parse("cpu:24GB")).parts}
-    assert "live episodes (4 at once)" in live
+    for method in ("complementary", "grpo"):  # Search-and-Ask on: 16 / 4, as without experience
+        live = {p.name for p in plan_run(cfg.with_overrides(method=method), Devices.parse("cpu:24GB")).parts}
+        assert "live episodes (4 at once)" in live, method
 
 
 def test_gpu_1_needs_lora_on_one_gpu() -> None:

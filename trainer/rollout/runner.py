@@ -15,8 +15,10 @@ one. The actor loss treats the episode, not the segment, as the trajectory (``tr
 
 **Seams for later issues.** Guided episodes get their experience from a ``retrieve`` callable, called
 once per batch after the envs reset (the query needs the first observation); ``None`` (the grpo method)
-means no retrieval. An ``intercept`` callable sees every completion first: when it returns text, that text
-is the observation of the turn and the env is not stepped (Search-and-Ask tool calls).
+means no retrieval. An ``intercept`` sees every turn's completions first: where it returns text, that text
+is the observation of the turn and the env is not stepped (Search-and-Ask tool calls). An intercept that is
+a collective over a torchrun group (``Intercept.collective``) is called on every rank for every turn that
+any rank plays, with no states on a rank whose episodes have all ended.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from trainer import prompts
 from trainer.cancel import CancelToken
@@ -80,8 +82,15 @@ class Experience:
 Retriever = Callable[[Sequence[RetrievalQuery]], Sequence[Experience | None]]
 """Experience for each query (None: nothing found); called once per batch with every guided episode."""
 
-Intercept = Callable[["EpisodeState", str], str | None]
-"""Sees each completion first; a returned string is the turn's observation instead of an env step."""
+
+class Intercept(Protocol):
+    """Sees each turn's completions first (``states[i]`` wrote ``texts[i]``); a returned string is that
+    episode's observation of the turn instead of an env step."""
+
+    collective: bool
+    """Joins collectives on every rank: the runner plays turns until every rank's episodes have ended."""
+
+    def __call__(self, states: Sequence[EpisodeState], texts: Sequence[str]) -> list[str | None]: ...
 
 
 @dataclass
@@ -162,6 +171,8 @@ class RolloutStats:
     generate_s: float = 0.0
     env_s: float = 0.0
     retrieve_s: float = 0.0
+    intercept_s: float = 0.0
+    """In the intercept (Search-and-Ask), with the other ranks' waits of its collectives."""
     wall_s: float = 0.0
     played: int = 0
     """Episodes this process played itself (a rank of a torchrun group plays its share of ``episodes``)."""
@@ -184,8 +195,12 @@ class RolloutStats:
 class EpisodeState:
     """A live episode inside ``run``: its env, its chat ids and what has happened so far."""
 
-    def __init__(self, spec: EpisodeSpec, env: TextEnv, observation: str, goal: str) -> None:
+    def __init__(
+        self, spec: EpisodeSpec, env: TextEnv, observation: str, goal: str, position: int = 0
+    ) -> None:
         self.spec = spec
+        self.position = position
+        """Where the spec stands in the whole batch (on one rank of several, in the group's batch)."""
         self.env = env
         self.observation = observation
         self.goal = goal
@@ -222,6 +237,16 @@ class EpisodeState:
             weight_versions=sorted({t.weight_version for t in self.turns}),
             wall_s=time.perf_counter() - self.started,
         )
+
+
+def _any_live(live: Sequence[EpisodeState], intercept: Intercept | None) -> bool:
+    """Whether to play another turn: while any episode here is live, or, with a collective intercept, any
+    rank's (a rank whose episodes have ended still joins the intercept's collectives)."""
+    if intercept is None or not getattr(intercept, "collective", False):
+        return bool(live)
+    from trainer import parallel  # torch.distributed: only where a run trains
+
+    return parallel.any_rank(bool(live))
 
 
 class EpisodeRunner:
@@ -274,9 +299,11 @@ class EpisodeRunner:
         intercept: Intercept | None = None,
         temperature: float | None = None,
         progress: Callable[[int, int, int, int], None] | None = None,
+        positions: Sequence[int] | None = None,
     ) -> tuple[list[Episode], RolloutStats]:
         """Play every spec to the end; episodes come back in the order of ``specs``. ``progress`` gets
-        (episodes finished, episodes, turns played, the batch's turn limit) after every turn."""
+        (episodes finished, episodes, turns played, the batch's turn limit) after every turn. ``positions``:
+        where each spec stands in the group's batch (``ShardedRunner``); by default its place in ``specs``."""
         stats = RolloutStats(episodes=len(specs))
         start = time.perf_counter()
         temperature = self.temperature if temperature is None else temperature
@@ -284,9 +311,10 @@ class EpisodeRunner:
         try:
             t0 = time.perf_counter()
             states = []
-            for spec, env in zip(specs, envs, strict=True):
+            places = range(len(specs)) if positions is None else positions
+            for spec, env, place in zip(specs, envs, places, strict=True):
                 obs, info = env.reset(spec.seed)
-                states.append(EpisodeState(spec, env, obs, info.get("goal", env.goal)))
+                states.append(EpisodeState(spec, env, obs, info.get("goal", env.goal), place))
             stats.env_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             self._inject_experience(states, retrieve)
@@ -299,7 +327,7 @@ class EpisodeRunner:
                 self._new_segment(state, [])
             live = [s for s in states if not s.done]
             turns, turn = self._turn_budget(live), 0
-            while live:
+            while _any_live(live, intercept):
                 self.cancel.check()
                 self._turn(live, stats, intercept, temperature)
                 live, turn = [s for s in live if not s.done], turn + 1
@@ -341,17 +369,22 @@ class EpisodeRunner:
             for s in live
         ]
         t0 = time.perf_counter()
-        generations = self.engine.generate(requests)
+        generations = self.engine.generate(requests) if requests else []
         stats.generate_s += time.perf_counter() - t0
-        stats.engine_calls += 1
+        stats.engine_calls += bool(requests)
         t0 = time.perf_counter()
-        for state, gen in zip(live, generations, strict=True):
+        tool_observations: list[str | None] = [None] * len(live)
+        if intercept is not None:
+            t1 = time.perf_counter()
+            tool_observations = intercept(live, [gen.text for gen in generations])
+            stats.intercept_s += time.perf_counter() - t1
+            t0 += time.perf_counter() - t1  # env_s is the envs' time alone
+        for state, gen, tool_obs in zip(live, generations, tool_observations, strict=True):
             seg = state.segment
             seg.response_ids += gen.token_ids
             seg.mask += [1] * len(gen.token_ids)
             seg.engine_logprobs += gen.logprobs
             stats.generated_tokens += len(gen.token_ids)
-            tool_obs = intercept(state, gen.text) if intercept is not None else None
             if tool_obs is not None:
                 obs, reward, done, info = tool_obs, 0.0, False, {}
             else:
@@ -455,19 +488,18 @@ class ShardedRunner:
     episodes' queries are gathered in the order of ``specs``, rank 0's ``retrieve`` (the bank) answers them in
     one call, the very call one process makes, and each rank injects its own answers; a rank without a
     guided episode joins with none. So the bank is read and written by rank 0 alone, and a run gets the same
-    experiences on any number of ranks (docs/design.md §7). One process: the inner runner as is."""
+    experiences on any number of ranks (docs/design.md §7). A collective ``intercept`` (Search-and-Ask) is
+    called every turn on every rank, with each episode's place in ``specs``. One process: the inner runner
+    as is."""
 
     def __init__(self, inner: EpisodeRunner) -> None:
         self.inner = inner
-        self.guided_on_rank_zero = False
-        """Guided episodes may ask the bank mid-episode (Search-and-Ask), which rank 0 alone serves: they
-        all play there (``parallel.owners``); set by the loop that owns the intercept."""
 
     def run(self, specs: Sequence[EpisodeSpec], **options: Any) -> tuple[list[Episode], RolloutStats]:
         """``EpisodeRunner.run`` over the whole group. The stats are this rank's, but for ``episodes``."""
         from trainer import parallel  # torch.distributed: only where a run trains
 
-        owned_by = parallel.owners([s.guided for s in specs], guided_on_rank_zero=self.guided_on_rank_zero)
+        owned_by = parallel.owners([s.guided for s in specs])
         rank = parallel.rank()
         mine = [s for s, r in zip(specs, owned_by, strict=True) if r == rank]
         retrieve = options.get("retrieve")
@@ -476,6 +508,7 @@ class ShardedRunner:
             options["retrieve"] = partial(parallel.on_rank_zero, owned_by=guided_by, serve=retrieve)
             if rank not in guided_by:  # every rank joins the collective, with its queries or with none
                 parallel.on_rank_zero([], guided_by, retrieve)
+        options["positions"] = [i for i, r in enumerate(owned_by) if r == rank]
         episodes, stats = self.inner.run(mine, **options)
         stats.played, stats.episodes = stats.episodes, len(specs)
         stats.played_guided = sum(s.guided for s in mine)
