@@ -99,7 +99,9 @@ def test_a_run_on_two_processes_shows_each_ranks_share_and_memory(client, user):
 
 
 @pytest.mark.parametrize("no_search_and_ask", [True, False])
-def test_an_experience_run_on_two_processes_shows_each_ranks_guided_and_free_share(client, user, no_search_and_ask):
+def test_an_experience_run_on_two_processes_shows_each_ranks_guided_and_free_share(
+    client, user, no_search_and_ask
+):
     switches = {"method": "complementary", "nproc": 2, "no_search_and_ask": no_search_and_ask}
     cfg = get_preset("cpu").with_overrides(**switches)
     run = Run.objects.create(name="r", owner=user, status=Run.Status.RUNNING, config=cfg.to_dict())
