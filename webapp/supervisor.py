@@ -90,12 +90,21 @@ def claim_and_train(run: Run, *, worker: str, admit: Callable[[], str | None] = 
     if why is not None:
         raise RunWaits(why)
     if not claimed:
-        return f"run {run.pk} not claimed: {run.status}"
+        return not_claimed(run)
     while True:
         code = train_in_child(run.pk, nproc=int(run.config.get("nproc", 1)))
         run.refresh_from_db()
         if run.status != Run.Status.RUNNING or not restart(run, code):
             return run.status
+
+
+def not_claimed(run: Run) -> str:
+    """What a worker that lost ``run`` (another claimed it first, or it ended) logs and returns."""
+    run.refresh_from_db()
+    held = f" by {run.worker}" if run.status == Run.Status.RUNNING and run.worker else ""
+    why = f"run {run.pk} not claimed: {run.status}{held}"
+    log.info("%s; taking the next run", why)
+    return why
 
 
 def exit_reason(code: int) -> str:

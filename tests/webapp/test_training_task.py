@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,8 +21,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from tests.conftest import wait_for
+from tests.conftest import wait_for, workers_running
 from trainer.config import get_preset
+from trainer.paths import var_dir
 from webapp.models import EpisodeRecord, MetricRow, Run
 from webapp.progress import Heartbeat, tree_rss_mb
 from webapp.services import RunError, run_cancel, run_resume
@@ -200,6 +204,31 @@ def test_a_bad_config_fails_with_a_readable_message(make_run, celery_worker):
     assert train_run.apply_async(args=[run.id], queue=celery_worker).get(timeout=120) == "failed"
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED and "No-Such-Env" in run.error.splitlines()[0]
+
+
+def test_two_real_workers_racing_for_the_same_runs_train_each_once_and_the_loser_says_so(make_run):
+    """Two Celery worker processes on one training queue, each run's task sent twice (a redelivery, a
+    double submit): each copy goes to a free worker at once (prefetch 1), so the two race to claim it; the
+    run trains once (its bad env fails it fast); the loser logs that it did not claim it, takes the next."""
+    queue = f"race-{uuid.uuid4().hex[:8]}"
+    commands = [[sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", queue, "--pool", "solo",
+                 "--hostname", f"{queue}-{i}@%h", "--loglevel", "INFO", "--without-gossip",
+                 "--without-mingle"] for i in (1, 2)]  # fmt: skip
+    runs = [make_run(env="No-Such-Env") for _ in range(3)]
+    with workers_running(commands) as nodes:
+        sent = {run.pk: [train_run.apply_async(args=[run.pk], queue=queue) for _ in range(2)] for run in runs}
+        outcomes = {pk: sorted(copy.get(timeout=300) for copy in copies) for pk, copies in sent.items()}
+        logs = [(var_dir() / f"celery-{node.split('@')[0]}.log").read_text() for node in nodes]
+    for run in runs:
+        trained, lost = outcomes[run.pk]
+        run.refresh_from_db()
+        assert trained == "failed" and run.status == Run.Status.FAILED, outcomes
+        # the loser says what it found: the run ended, or the winner's name
+        assert re.fullmatch(rf"run {run.pk} not claimed: (failed|running by {queue}-[12]@\S+:\d+)", lost), (
+            lost
+        )
+        assert sum(f"run {run.pk} not claimed: " in log for log in logs) == 1, logs  # in its log
+        assert f"run {run.pk} not claimed: queued" not in "".join(logs)  # what it found, not what it read
 
 
 def test_a_lost_run_is_claimed_again_and_a_live_one_is_not(make_run):
