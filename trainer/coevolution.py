@@ -132,7 +132,7 @@ class BankRetriever:
 
 @dataclass(frozen=True)
 class Ask:
-    """A completion that asks the bank: the question, where it was asked, and what the actor is told."""
+    """A completion that asks the bank: the question, its scope, and where and when it was asked."""
 
     spec: EpisodeSpec
     position: int
