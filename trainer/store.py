@@ -145,10 +145,6 @@ class Refinement:
     generation: Generation | None = None
 
 
-RefineFn = Callable[[str, Entry | None], Refinement]
-"""Search-and-Ask: rewrite the retrieved entry (or answer without one) for the actor's query."""
-
-
 @dataclass(frozen=True)
 class GuidedOutcome:
     """The outcome of one episode guided by ``entry_id`` (and of its Search-and-Ask exchanges)."""

@@ -2,10 +2,10 @@
 ``Generation`` (prompt, response ids, old log-probs, weight version) for credit assignment
 (docs/design.md §3.2).
 
-``Extractor.distil`` turns finished episodes into store operations; ``Extractor.merge_fn`` and
-``Extractor.refine_fn`` are the store's ``MergeFn`` and ``RefineFn``. Structured outputs (a JSON schema
-per job) are used when the engine supports them (vLLM); the parsers are lenient either way, and every
-unparseable answer is counted in ``Extractor.stats`` rather than raised.
+``Extractor.distil`` turns finished episodes into store operations; ``Extractor.merge_fn`` is the store's
+``MergeFn`` and ``Extractor.refine_fn`` answers Search-and-Ask (``trainer.coevolution.SearchAndAsk``).
+Structured outputs (a JSON schema per job) are used when the engine supports them (vLLM); the parsers are
+lenient either way, and every unparseable answer is counted in ``Extractor.stats`` rather than raised.
 
 The actor's and the extractor's in-process vLLM engines never run a step at the same time (the vLLM
 backend serialises its calls process-wide): a call waits for at most one batch of the other model, never
@@ -308,7 +308,7 @@ class Extractor:
         return MergePlan(tuple(parsed.items) if parsed.ok else None, generation=g, raw=g.response)
 
     def refine_fn(self, query: str, entry: Entry | None) -> Refinement:
-        """The store's ``RefineFn``: the entry rewritten for the actor's question."""
+        """Search-and-Ask's answer: the entry rewritten for the actor's question."""
         if entry is None:
             return Refinement("No stored experience matches this question yet.")
         (g,) = self.generate([xp.refine_messages(query, entry)], [xp.refine_schema()])

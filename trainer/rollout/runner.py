@@ -242,7 +242,7 @@ class EpisodeState:
 def _any_live(live: Sequence[EpisodeState], intercept: Intercept | None) -> bool:
     """Whether to play another turn: while any episode here is live, or, with a collective intercept, any
     rank's (a rank whose episodes have ended still joins the intercept's collectives)."""
-    if intercept is None or not getattr(intercept, "collective", False):
+    if intercept is None or not intercept.collective:
         return bool(live)
     from trainer import parallel  # torch.distributed: only where a run trains
 
