@@ -27,6 +27,15 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
+def wait_for_js(page, expression: str, timeout_s: float = 30, interval_ms: int = 50) -> None:
+    """Poll a page expression from here: the pages' Content-Security-Policy forbids the string eval that
+    Playwright's own ``wait_for_function`` runs inside the page."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"{expression} still false after {timeout_s} s"
+        page.wait_for_timeout(interval_ms)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

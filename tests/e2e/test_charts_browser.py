@@ -5,7 +5,6 @@ Screenshots go to test-artifacts/."""
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlparse
 
@@ -13,7 +12,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.db import connections
 
-from tests.e2e.conftest import ARTIFACTS
+from tests.e2e.conftest import ARTIFACTS, wait_for_js
 from trainer.config import get_preset
 from trainer.report import Progress
 from webapp.events import broadcast_run_event
@@ -39,14 +38,6 @@ def _login(page, server: str) -> None:
     page.fill("#id_password", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_selector("#run-list")
-
-
-def _wait_for_js(page, expression: str, timeout_s: float = 30) -> None:
-    """Poll from here: the pages' Content-Security-Policy forbids Playwright's in-page wait_for_function."""
-    deadline = time.monotonic() + timeout_s
-    while not page.evaluate(expression):
-        assert time.monotonic() < deadline, f"{expression} still false after {timeout_s} s"
-        page.wait_for_timeout(50)
 
 
 def _run(owner, name: str, method: str, seed: int, experiment=None, steps=3, level=0.0) -> Run:
@@ -111,16 +102,16 @@ def _live_progress(page, server: str, owner) -> None:
     _as_a_worker(progress.start, 0, "evaluation", "episodes", 8)
     _as_a_worker(progress.advance, 3)
     shown = "document.getElementById('run-progress').textContent"
-    _wait_for_js(page, f"{shown}.startsWith('evaluation · 3 of 8 episodes · ')")
+    wait_for_js(page, f"{shown}.startsWith('evaluation · 3 of 8 episodes · ')")
     _as_a_worker(progress.advance, 5)
-    _wait_for_js(page, f"{shown}.startsWith('evaluation · 5 of 8 episodes · ')")
+    wait_for_js(page, f"{shown}.startsWith('evaluation · 5 of 8 episodes · ')")
     assert "left" in page.inner_text("#run-progress") and page.locator("#run-progress").is_visible()
     # no episode ends for a while (they run to the turn limit together): the turn moves, the clock ticks
     _as_a_worker(progress.start, 1, "rollouts", "episodes", 16)
     _as_a_worker(progress.advance, 0, 16, 2, 15)
-    _wait_for_js(page, f"{shown}.startsWith('rollouts · 0 of 16 episodes · turn 2 of 15 · ')")
+    wait_for_js(page, f"{shown}.startsWith('rollouts · 0 of 16 episodes · turn 2 of 15 · ')")
     before = page.inner_text("#run-progress")
-    _wait_for_js(page, f"{shown} !== {json.dumps(before)}")  # with nothing sent meanwhile
+    wait_for_js(page, f"{shown} !== {json.dumps(before)}")  # with nothing sent meanwhile
     after = page.inner_text("#run-progress")
     assert after.startswith("rollouts · 0 of 16 episodes · turn 2 of 15 · ") and "at most" in after
     elapsed = [int(text.split(" · ")[3].rstrip("s")) for text in (before, after)]
@@ -161,7 +152,7 @@ def _run_page(page, server: str, run: Run) -> None:
     row = MetricRow.objects.create(run=run, step=4, wall_time=120.0, values=values)
     with ThreadPoolExecutor(1) as pool:  # as a worker would, outside Playwright's event loop
         pool.submit(broadcast_run_event, run.id, metric_event(row)).result()
-    _wait_for_js(page, f"{plot}.data[1].length === 4")
+    wait_for_js(page, f"{plot}.data[1].length === 4")
     assert page.evaluate(f"{plot}.data[1]") == [9, 27, 45, 63]  # 4 points: still unsmoothed at 0.9
     assert page.evaluate("window.studioRun.plots.success.scales.x.max") == 4
 

@@ -18,7 +18,7 @@ from experience import bank
 from experience.embedding import default_embedder
 from experience.models import Experience, ImportJob, SearchAsk
 from tests.conftest import worker_on
-from tests.e2e.conftest import ARTIFACTS
+from tests.e2e.conftest import ARTIFACTS, wait_for_js
 from trainer.config import get_preset
 from webapp.events import broadcast_run_event
 from webapp.models import EpisodeRecord, MetricRow, Run
@@ -27,16 +27,6 @@ from webapp.selectors import metric_event
 PASSWORD = "correct horse battery"
 # the run launched from the form: one short step, so that a real worker trains it within the test
 TINY_RUN = "rollout.max_new_tokens=8\nrollout.kv_cache_gib=0.25\neval_episodes=1\ncheckpoint_every=0"
-
-
-def _wait_for_js(page, expression: str, timeout_s: float, interval_ms: int) -> None:
-    """Poll a page expression from here: the pages' Content-Security-Policy forbids the string eval that
-    Playwright's own ``wait_for_function`` runs inside the page."""
-    deadline = time.monotonic() + timeout_s
-    while not page.evaluate(expression):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{expression} still false after {timeout_s} s")
-        page.wait_for_timeout(interval_ms)
 
 
 def _shot(page, name: str) -> None:
@@ -219,7 +209,7 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     # a worker comes online and trains it: the open page draws the real step and the final status
     page.wait_for_selector("#live-state.live")
     with worker_on(training_queue):
-        _wait_for_js(page, "window.studioRun?.series?.train?.step?.at(-1) === 1", 600, interval_ms=500)
+        wait_for_js(page, "window.studioRun?.series?.train?.step?.at(-1) === 1", 600, interval_ms=500)
         page.wait_for_selector("#run-status.succeeded", timeout=300_000)
     assert page.inner_text("#run-step") == "1"
     page.wait_for_selector("#latest-eval:has-text('eval/success')")  # the final evaluation, swapped in live
@@ -241,7 +231,7 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     sent = time.monotonic()
     with ThreadPoolExecutor(1) as pool:  # as a worker would, outside Playwright's event loop
         pool.submit(broadcast_run_event, live.id, metric_event(row)).result()
-    _wait_for_js(page, "window.studioRun.series.train.step.at(-1) === 5", 30, interval_ms=10)
+    wait_for_js(page, "window.studioRun.series.train.step.at(-1) === 5", 30, interval_ms=10)
     latency = time.monotonic() - sent
     assert page.inner_text("#run-step") == "5"
     print(f"live update reached the page {latency * 1000:.0f} ms after the broadcast")
@@ -312,7 +302,7 @@ def test_a_user_logs_in_launches_watches_curates_and_compares(
     bank.add(live.pk, "MiniHack-Room-5x5", "Imported lesson", "From a file.", vector, embedding_model="m")
     ImportJob.objects.filter(pk=job.pk).update(status=ImportJob.Status.SUCCEEDED, entries=1)
     counted = "document.getElementById('bank-size').textContent === '3 entries now'"
-    _wait_for_js(page, counted, timeout_s=15, interval_ms=250)  # the job's poll swaps it in, no reload
+    wait_for_js(page, counted, timeout_s=15, interval_ms=250)  # the job's poll swaps it in, no reload
     assert "imported 1 entry" in page.inner_text(f"#import-job-{job.id}")
 
     # compare two runs from the list, then download the CSV

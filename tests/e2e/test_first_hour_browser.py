@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission
 
 from experience import bank
 from experience.embedding import default_embedder
-from tests.e2e.conftest import ARTIFACTS
+from tests.e2e.conftest import ARTIFACTS, wait_for_js
 from trainer.config import get_preset
 from webapp.models import Experiment, MetricRow, Run
 
@@ -94,10 +94,10 @@ def _committed_experiments(page, server: str) -> None:
     page.click("tr.committed-experiment a >> text=room-random")
     page.wait_for_selector("#committed-report img")
     assert page.locator("#committed-cells tbody tr").count() == 9
-    images = page.eval_on_selector_all(
-        "#committed-report img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)"
-    )
-    assert len(images) >= 4 and all(images)
+    assert page.locator("#committed-report img").count() >= 4
+    # every figure loads (waits for the slowest: the page is painted before its last image arrives)
+    images = "[...document.querySelectorAll('#committed-report img')]"
+    wait_for_js(page, f"{images}.every(i => i.complete && i.naturalWidth)")
     _shot(page, "experiment")
     page.goto(server + "/experiments/room-5x5/")
     page.wait_for_selector("#committed-report img")
