@@ -298,6 +298,8 @@ class CoevolutionLoop(TrainingLoop):
     """None when πϕ is frozen (static_online)."""
     track: ExtractorTrack = field(init=False)
     last_train: Metrics = field(init=False, default_factory=dict)
+    held: tuple[Sequence[DistilRequest], Sequence[Credit]] = field(init=False, default=((), ()))
+    """A step's distillation requests and credits, held until after the actor's update in lockstep."""
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -355,10 +357,36 @@ class CoevolutionLoop(TrainingLoop):
         if self.tool is not None:
             self.tool.step = step
         metrics = self.last_train = super().train_step(step)
+        if self.cfg.experience.lockstep:
+            self._track_in_lockstep(step)
+            return metrics
         extractor_rounds(self.extractor_update, self.extractor, self.track, final=False)
         if self.cfg.merges and step % self.cfg.experience.merge_every == 0:
             self.track.request_merge(step)
         return metrics
+
+    def _track_in_lockstep(self, step: int) -> None:
+        """``experience.lockstep``: the step's work in one order whatever the placement, each part finished
+        before the next: credit (and πϕ's updates on full buffers), then distillation with the updated πϕ,
+        then a due merge. (Asynchronous, one process trains on the track's thread before distilling, a
+        sharded πϕ after the actor's update, while distillation runs: the same run, other πϕ samples.)"""
+        requests, credits = self.held
+        self.held = ((), ())
+        self.track.submit(step, (), credits)
+        self._wait_for_track()
+        self.track.submit(step, requests, ())
+        if self.cfg.merges and step % self.cfg.experience.merge_every == 0:
+            self.track.request_merge(step)
+        self._wait_for_track()
+
+    def _wait_for_track(self) -> None:
+        """Until the track has done everything queued; a sharded πϕ trains in rounds with the other ranks
+        meanwhile (each call is one ``extractor_rounds`` for them: ``HelperRankLoop.train_step``)."""
+        if shares_extractor(self.extractor_update):
+            extractor_rounds(self.extractor_update, self.extractor, self.track, final=True)
+            return
+        while not self.track.drain(timeout=1.0):
+            self.cancel.check()
 
     def _submit(self, episodes: Sequence[Episode]) -> None:
         """Right after a training rollout: distillation requests and credits to the background track."""
@@ -383,7 +411,11 @@ class CoevolutionLoop(TrainingLoop):
             if entry_id is not None or refinements:
                 credits.append(Credit(ep, e.success, entry_id=entry_id, entry_version=entry_version))
             credits += [Credit(ep, e.success, generation=g) for g in refinements]
-        self.track.submit(self.step, requests if self.cfg.distils else [], credits)
+        requests = requests if self.cfg.distils else []
+        if self.cfg.experience.lockstep:
+            self.held = (requests, credits)
+            return
+        self.track.submit(self.step, requests, credits)
 
     def _report_last_row_again(self) -> None:
         """The last step's row as the lost attempt wrote it, with the extractor's figures now that its work
@@ -445,7 +477,8 @@ class HelperRankLoop(TrainingLoop):
 
     def train_step(self, step: int) -> Metrics:
         metrics = super().train_step(step)
-        extractor_rounds(self.extractor_update, self.extractor, None, final=False)
+        for _ in range(2 if self.cfg.experience.lockstep else 1):  # as rank 0's loop: credit, then distil
+            extractor_rounds(self.extractor_update, self.extractor, None, final=False)
         return metrics
 
 

@@ -380,6 +380,11 @@ class ExperienceConfig(_Section):
     placement: str = "system"
     """Where a guided rollout's entry goes: 'system' (the system prompt, as the paper) or 'turn' (after every
     observation, next to the answer, where a small actor reads it: docs/experiments/dark-pool/)."""
+    lockstep: bool = False
+    """After each actor step, do that step's extractor work before the next rollout, in one order: credit
+    and πϕ's updates, then distillation, then a due merge [off: the actor never waits]. Slower, but what each
+    step retrieves no longer depends on timing: a run replays exactly, on any number of processes (set
+    recency_window_s beyond the run's length too: its penalty reads the clock)."""
 
     def __post_init__(self) -> None:
         _at_least("top_k", self.top_k, 1)

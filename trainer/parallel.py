@@ -241,13 +241,17 @@ def main_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded weights in rank 0's host memory, for the one rank that writes them (a checkpoint's Hugging
     Face folder); every other rank gets ``{}`` (a collective when sharded). Gathered to rank 0 one tensor
     at a time (``gather_to_main``): a helper rank only sends its shards, never holds a whole model beside
-    them (a 7B actor's float32 weights: 30 GB of host memory a rank)."""
+    them (a 7B actor's float32 weights: 30 GB of host memory a rank). A tensor under two names (a tied
+    head) is gathered and kept once, under its first name, as ``save_pretrained`` keeps it."""
     if not is_sharded(model):
         return model.state_dict()
     main = is_main()
-    out = {}
-    for name, t in model.state_dict().items():
-        whole = gather_to_main(t)
+    out, seen = {}, set()
+    for name, t in model.state_dict(keep_vars=True).items():  # the parameters themselves: a tied one is one
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        whole = gather_to_main(t.detach())
         if main:
             out[name] = whole.cpu()
     return out

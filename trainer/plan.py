@@ -615,12 +615,10 @@ def _step_seconds(cfg: RunConfig, actor: ModelShape, extractor: ModelShape, kind
 
 
 def _eval_seconds(cfg: RunConfig, actor: ModelShape, kind: str, nproc: int) -> float:
-    """The column without experience over every rank, the one with experience on rank 0."""
+    """Each column (with experience too, for the methods that use it) spread over every rank."""
     column = cfg.eval_episodes * _envs_per_batch(cfg)
-    seconds = _rollout_seconds(column, cfg, actor, kind, nproc)
-    if cfg.uses_experience:
-        seconds += _rollout_seconds(column, cfg, actor, kind, 1)
-    return seconds
+    columns = 2 if cfg.uses_experience else 1
+    return columns * _rollout_seconds(column, cfg, actor, kind, nproc)
 
 
 def gb_text(n: float) -> str:

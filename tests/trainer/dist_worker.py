@@ -5,11 +5,11 @@ A small random-initialised Llama (tied embeddings, like SmolLM2) built from a co
 ``steps OUT``: one actor split-GRPO step and one extractor CISPO step, recording the loss, the gathered
 gradients (after clipping, as the optimiser sees them) and the weights; then the actor saves a DCP
 checkpoint and steps again (the uninterrupted second step). ``resume OUT``: new processes load that
-checkpoint and take the second step. ``rollouts OUT MODEL``: the episodes of a training step of the cpu
-preset on MODEL (a vLLM engine per rank, each playing its share, gathered). ``retrieval OUT MODEL``: guided
-and free episodes on MODEL (an HF engine per rank) whose experiences rank 0's recording retriever serves to
-every rank and whose guided episodes ask the bank mid-episode (issue 47); ``serve_error OUT``: rank 0's
-server fails while both ranks wait for it. Rank 0 writes ``OUT/<name>.pt``.
+checkpoint and take the second step. ``retrieval OUT MODEL``: guided and free episodes on MODEL (an HF
+engine per rank) whose experiences rank 0's recording retriever serves to every rank and whose guided
+episodes ask the bank mid-episode (issue 47); ``serve_error OUT``: rank 0's server fails while both ranks
+wait for it. Rank 0 writes ``OUT/<name>.pt``. (Each rank sampling its share with its own vLLM engine as
+one engine does: ``test_parallel_parity.py``.)
 """
 
 from __future__ import annotations
@@ -161,29 +161,6 @@ def run_resume(placement, out_dir: Path) -> dict:
     return {"actor_weights_2": weights(model)}
 
 
-def run_rollouts(model_path: str) -> dict:
-    """One step's episodes (2 task instances x 4 rollouts, sampled), played by ``ShardedRunner``."""
-    from trainer.config import get_preset
-    from trainer.loop import sample_tasks
-    from trainer.models import load_tokenizer
-    from trainer.rollout.runner import EpisodeRunner, ShardedRunner
-    from trainer.rollout.vllm import VLLMEngine
-
-    cfg = get_preset("cpu").with_overrides(tasks_per_step=2, k_rollouts=4)
-    engine = VLLMEngine(model_path, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 << 20)
-    runner = ShardedRunner(EpisodeRunner(engine, load_tokenizer(model_path), max_new_tokens=12, turn_limit=3))
-    episodes, _ = runner.run(sample_tasks(cfg, step=1))
-    runner.close()
-    result = {
-        "specs": [e.spec for e in episodes],
-        "actions": [[t.action_text for t in e.turns] for e in episodes],
-        "ids": [[s.response_ids for s in e.segments] for e in episodes],
-        "logprobs": [[s.engine_logprobs for s in e.segments] for e in episodes],
-    }
-    engine.close()  # in a torchrun group this also ends the process group (vLLM's external launcher)
-    return result
-
-
 class RecordingBank:
     """Stands for the experience bank behind the runner's ``Retriever`` protocol: its answers depend on
     everything it answered before (as the diversified re-rank's usage penalties do), and it records every
@@ -330,9 +307,7 @@ def run_serve_error() -> dict:
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     placement = parallel.init_distributed("cpu")
-    if mode == "rollouts":
-        result = run_rollouts(sys.argv[3])
-    elif mode == "retrieval":
+    if mode == "retrieval":
         result = run_retrieval(sys.argv[3])
     elif mode == "serve_error":
         result = run_serve_error()

@@ -17,18 +17,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.trainer.tiny_models import tiny_llama_folder
 from trainer import parallel
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A random-initialised 2-layer Llama with SmolLM2's tokenizer and chat template (no download)."""
-    return tiny_llama_folder(tmp_path_factory.mktemp("tiny"))
 
 
 def _run(out: Path, mode: str, nproc: int, *more: str) -> dict:
@@ -115,15 +108,3 @@ def test_any_order_of_guided_and_free_episodes_balances_both(guided, world):
     assert _within_one_of_the_balanced_share([len(p) - sum(p) for p in played], len(guided) - sum(guided))
     if not any(guided):  # every world_size-th from rank 0
         assert owners == [i % world for i in range(len(guided))]
-
-
-def test_each_rank_samples_its_share_of_the_episodes_as_a_single_engine_does(tmp_path, tiny_model):
-    """A vLLM engine per rank (external launcher inside the torchrun group), the same request seeds."""
-    one = _run(tmp_path / "one", "rollouts", 1, str(tiny_model))
-    two = _run(tmp_path / "two", "rollouts", 2, str(tiny_model))
-    assert len(one["specs"]) == 8 and two["specs"] == one["specs"]
-    assert len({s.sample_seed for s in one["specs"]}) == 8
-    assert two["ids"] == one["ids"] and two["actions"] == one["actions"]
-    assert len({tuple(a) for a in one["actions"]}) > 1  # sampled: the seeds differ, so do the episodes
-    flat = lambda runs: [x for ep in runs for seg in ep for x in seg]  # noqa: E731
-    assert max(abs(a - b) for a, b in zip(flat(two["logprobs"]), flat(one["logprobs"]), strict=True)) < 1e-5

@@ -18,7 +18,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -300,12 +300,16 @@ class Extractor:
         return Add(r.scope, p.title, p.content, generation=g, source_episode=r.episode_id)
 
     def merge_fn(self, chunk: Sequence[Entry]) -> MergePlan:
-        """The store's ``MergeFn``: a plan for one chunk; ``actions=None`` when unparseable."""
-        ids = [e.id for e in chunk]
-        (g,) = self.generate([xp.merge_messages(chunk)], [xp.merge_schema(ids)])
-        parsed = parsing.parse_merge(g.response, ids)
+        """The store's ``MergeFn``: a plan for one chunk; ``actions=None`` when unparseable. πϕ sees the
+        entries numbered 1, 2, ... (``merge_messages``); the plan names them by their ids."""
+        numbers = list(range(1, len(chunk) + 1))
+        (g,) = self.generate([xp.merge_messages(chunk)], [xp.merge_schema(numbers)])
+        parsed = parsing.parse_merge(g.response, numbers)
         self._record("merge", parsed, g)
-        return MergePlan(tuple(parsed.items) if parsed.ok else None, generation=g, raw=g.response)
+        if not parsed.ok:
+            return MergePlan(None, generation=g, raw=g.response)
+        actions = tuple(replace(a, ids=tuple(chunk[n - 1].id for n in a.ids)) for a in parsed.items)
+        return MergePlan(actions, generation=g, raw=g.response)
 
     def refine_fn(self, query: str, entry: Entry | None) -> Refinement:
         """Search-and-Ask's answer: the entry rewritten for the actor's question."""

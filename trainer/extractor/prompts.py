@@ -112,8 +112,11 @@ def distil_messages(
 
 
 def merge_messages(chunk: Sequence[Entry]) -> list[dict[str, str]]:
-    """The merge chat: every entry of the chunk with its id."""
-    listed = "\n\n".join(f"[id {e.id}] Title: {e.title}\nContent: {_truncate(e.content, 500)}" for e in chunk)
+    """The merge chat: every entry of the chunk with its number in the chunk (1, 2, ...) as its id, not its
+    database id, so that a chunk's prompt is the same in any bank (``Extractor.merge_fn`` maps them back)."""
+    listed = "\n\n".join(
+        f"[id {i}] Title: {e.title}\nContent: {_truncate(e.content, 500)}" for i, e in enumerate(chunk, 1)
+    )
     return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": f"Entries:\n\n{listed}"}]
 
 

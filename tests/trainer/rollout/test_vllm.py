@@ -218,3 +218,26 @@ def test_extractor_generations_under_a_json_grammar_carry_the_models_own_logprob
         # CISPO's old log-probs: the model's unconstrained distribution (fp32 engine: equal to ~1e-3),
         # not the grammar-renormalised one the engine samples from
         assert (torch.tensor(g.logprobs) - want).abs().mean() < 1e-2
+
+
+def test_a_merge_plan_names_entries_by_their_ids_while_the_model_sees_their_numbers(engine, tokenizer):
+    """The merge prompt numbers a chunk's entries 1, 2, ... (the same prompt in any bank, whatever its
+    database ids), and the plan maps the numbers back to the entries' ids."""
+    from trainer.extractor import parsing
+    from trainer.extractor.model import Extractor
+    from trainer.store import Entry
+
+    extractor = Extractor(engine, tokenizer, max_new_tokens=160, temperature=0.0, structured=True)
+    extractor.expected_version = engine.weight_version
+    texts = ["Walk to the stairs", "Move towards the >", "Avoid the lava"]
+    chunk = [
+        Entry(i, "MiniHack", t, t + ", one step per turn.") for i, t in zip((41, 57, 90), texts, strict=True)
+    ]
+    plan = extractor.merge_fn(chunk)
+    assert (
+        "[id 1] Title: Walk to the stairs" in plan.generation.prompt
+        and "[id 41]" not in plan.generation.prompt
+    )
+    parsed = parsing.parse_merge(plan.raw, [1, 2, 3])
+    assert parsed.ok and plan.actions is not None and parsed.items, plan.raw  # greedy: a finished plan
+    assert [a.ids for a in plan.actions] == [tuple(chunk[n - 1].id for n in a.ids) for a in parsed.items]
