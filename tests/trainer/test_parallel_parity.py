@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.trainer.test_parallel import _max_abs
 from tests.trainer.test_parallel_group import COMPLEMENTARY, _status, make_run  # noqa: F401 (a fixture)
 from tests.trainer.tiny_models import walking_llama_folder
 from webapp.models import EpisodeRecord, MetricRow, Run
@@ -139,11 +140,6 @@ def _weights(run: Run, part: str) -> dict[str, torch.Tensor]:
         weights |= load_file(f)
     assert weights, f"no weights in {folder}"
     return weights
-
-
-def _max_abs(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[n].float() - b[n].float()).abs().max()) for n in a)
 
 
 def _rows(run: Run) -> dict[tuple[str, int], dict]:

@@ -14,20 +14,22 @@ from tests.trainer.tiny_models import tiny_llama_folder
 from trainer.config import get_preset
 from trainer.plan import Devices, plan_run
 
+RANKS = 4
+"""Against one process (2 processes: tests/trainer/test_parallel_parity.py)."""
+
 
 @pytest.fixture(scope="module")
 def played(tmp_path_factory) -> dict[int, dict]:
     model = tiny_llama_folder(tmp_path_factory.mktemp("tiny"))
-    return {n: _run(tmp_path_factory.mktemp(f"n{n}"), "retrieval", n, str(model)) for n in (1, 4)}
+    return {n: _run(tmp_path_factory.mktemp(f"n{n}"), "retrieval", n, str(model)) for n in (1, RANKS)}
 
 
 def test_the_bank_answers_the_same_calls_in_the_same_order_on_any_number_of_ranks(played):
     one = played[1]
     assert [len(call) for call in one["calls"]] == [4, 2]  # one call a batch: its guided episodes' queries
     assert all(len(set(call)) == 2 for call in one["calls"])  # two task instances a batch: the order shows
-    for n in (4,):
-        assert played[n]["calls"] == one["calls"], n
-        assert played[n]["experiences"] == one["experiences"], n
+    assert played[RANKS]["calls"] == one["calls"]
+    assert played[RANKS]["experiences"] == one["experiences"]
     guided = [e for e, spec in zip(one["experiences"], one["specs"], strict=True) if spec.guided]
     assert all(e is not None for e in guided) and len({e.text for e in guided}) > 1
     assert all(e is None for e, spec in zip(one["experiences"], one["specs"], strict=True) if not spec.guided)
@@ -36,11 +38,11 @@ def test_the_bank_answers_the_same_calls_in_the_same_order_on_any_number_of_rank
 def test_the_same_episodes_play_on_one_and_four_ranks(played):
     one = played[1]
     assert len(one["specs"]) == 10
-    for n in (4,):
-        assert played[n]["specs"] == one["specs"]
-        assert played[n]["systems"] == one["systems"]  # the experience injected into each prompt
-        assert played[n]["observations"] == one["observations"], n  # the bank's answers among them
-        assert played[n]["ids"] == one["ids"] and played[n]["actions"] == one["actions"], n
+    many = played[RANKS]
+    assert many["specs"] == one["specs"]
+    assert many["systems"] == one["systems"]  # the experience injected into each prompt
+    assert many["observations"] == one["observations"]  # the bank's answers among them
+    assert many["ids"] == one["ids"] and many["actions"] == one["actions"]
     assert len({tuple(a) for a in one["actions"]}) > 1  # sampled: the seeds differ, so do the episodes
 
 
@@ -57,23 +59,21 @@ def test_search_and_ask_searches_and_records_every_ranks_questions_once_in_the_s
     guided = [obs for obs, s in zip(one["observations"], training, strict=False) if s.guided]
     assert all(o.startswith("Experience bank answer to 'way out of room") for obs in guided for o in obs[1:])
     assert [t["exchange_id"] for t in one["traces"]] == list(range(1, 4 * limit + 1))
-    for n in (4,):
-        for key in ("searches", "exchanges", "traces", "refinements"):
-            assert played[n][key] == one[key], (n, key)
+    for key in ("searches", "exchanges", "traces", "refinements"):
+        assert played[RANKS][key] == one[key], key
     assert sorted(one["refinements"].values()) == [limit] * 4  # credited to each asking episode
 
 
 def test_questions_are_asked_on_every_rank_that_plays_guided_episodes(played):
-    for n in (4,):
-        for rank, specs in enumerate(played[n]["played"]):
-            owned = [i for i, s in enumerate(played[n]["specs"][:8]) if s in specs]
-            assert any(any(played[n]["intercepted"][i]) for i in owned), (n, rank)
+    many = played[RANKS]
+    for rank, specs in enumerate(many["played"]):
+        owned = [i for i, s in enumerate(many["specs"][:8]) if s in specs]
+        assert any(any(many["intercepted"][i]) for i in owned), rank
 
 
-@pytest.mark.parametrize("n", [4])
-def test_guided_episodes_play_on_every_rank(played, n):
-    ranks = played[n]["played"]
-    assert len(ranks) == n
+def test_guided_episodes_play_on_every_rank(played):
+    ranks = played[RANKS]["played"]
+    assert len(ranks) == RANKS
     assert sorted(map(repr, (s for specs in ranks for s in specs))) == sorted(map(repr, played[1]["specs"]))
     for rank, specs in enumerate(ranks):
         assert any(s.guided for s in specs), rank  # the step's 4 guided episodes: at least one on each rank

@@ -39,19 +39,19 @@ def walking_llama_folder(folder: Path, seed: int = 0, step_logit: float = 15.0, 
     model = LlamaForCausalLM.from_pretrained(folder, tie_word_embeddings=False)
     tokenizer = load_tokenizer(folder)
     torch.manual_seed(seed + 1)
-    hidden = model.config.hidden_size
-    direction = torch.randn(hidden)
+    direction = torch.randn(model.config.hidden_size)
     direction *= 8.0 / direction.pow(2).mean().sqrt()  # root mean square 8, far above the layers' outputs
     with torch.no_grad():
         embed = model.model.embed_tokens.weight
         embed.copy_(direction + 0.02 * torch.randn_like(embed))
         unit = direction / direction.pow(2).mean().sqrt()  # what the final RMSNorm (weight 1) makes of it
+        logit_one = unit / unit.dot(unit)  # a head row giving the hidden state a logit of 1
         head = model.lm_head.weight
         head.zero_()
         for i, word in enumerate(COMPASS):  # 0.05 apart, so that greedy decoding has no near-tie to flip
             (token,) = tokenizer.encode(word, add_special_tokens=False)
-            head[token] = (step_logit + 0.05 * i) * unit / unit.dot(unit)
-        head[tokenizer.eos_token_id] = stop_logit * unit / unit.dot(unit)
+            head[token] = (step_logit + 0.05 * i) * logit_one
+        head[tokenizer.eos_token_id] = stop_logit * logit_one
     model.config.tie_word_embeddings = False
     model.save_pretrained(folder, safe_serialization=True)
     return folder
