@@ -174,6 +174,7 @@ def build_extractor(
         max_ops=x.max_ops,
         trajectory_chars=x.trajectory_chars,
         failure_log=Path(out_dir) / FAILURES_FILE if out_dir is not None else None,
+        seed=cfg.seed,
     )
     return extractor, update
 

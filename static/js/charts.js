@@ -114,9 +114,22 @@ const Studio = (() => {
     function lastOf(a) { return a && a.length ? a[a.length - 1] : -1; }
     const range = () => stepRange([series.train.step, series.eval.step]);
 
+    // The header's "bank now" count (the same query as the bank page), drawn on the Bank size chart as one
+    // point at the newest step: the curve is each step's size when its row was written, the point is now.
+    const BANK_PANEL = "bank-size", BANK_NOW = "bank now (as in the header)";
+    function bankNow() {
+      const el = document.getElementById("run-bank-size");
+      return el && el.dataset.bankNow !== undefined ? Number(el.dataset.bankNow) : null;
+    }
+    function bankNowColumn(steps) {
+      const now = bankNow();
+      return steps.map((_, i) => (i === steps.length - 1 ? now : null));
+    }
+
     function columns(panel, weight) {
       const s = series[panel.kind];
       const ys = panel.keys.map((k) => (panel.kind === "train" ? smooth(s.values[k], weight, data.smooth_min_points) : s.values[k].slice()));
+      if (panel.id === BANK_PANEL && bankNow() !== null) ys.push(bankNowColumn(s.step));
       return [s.step.slice(), ...ys];
     }
 
@@ -124,6 +137,9 @@ const Studio = (() => {
       const lines = panel.keys.map((k, i) => ({
         label: k, stroke: PALETTE[i % PALETTE.length], width: 1.5, show: i < data.max_series,
       }));
+      if (panel.id === BANK_PANEL && bankNow() !== null) {
+        lines.push({ label: BANK_NOW, stroke: "#212529", width: 0, points: { show: true, size: 9, fill: "#ffffff" } });
+      }
       plots[panel.id] = makePlot(parent, {
         id: panel.id, title: panel.title, xLabel: "step", lines, height: HEIGHT, range,
         data: columns(panel, parseFloat(slider.value)), raw: columns(panel, 0),
@@ -319,6 +335,15 @@ const Studio = (() => {
 
     slider.addEventListener("input", () => { sliderValue.textContent = slider.value; redraw(); });
     filterBox.addEventListener("input", applyFilter);
+    // the header is re-rendered by the server (htmx): its bank count moves the chart's "bank now" point
+    document.body.addEventListener("htmx:afterSwap", () => {
+      const plot = plots[BANK_PANEL], panel = panels.find((p) => p.id === BANK_PANEL);
+      if (!plot || !panel) return;
+      const drawn = plot.series.length - 1 > panel.keys.length;   // uPlot's series 0 is the x axis
+      if (drawn !== (bankNow() !== null)) { build(); return; }
+      plot.raw = columns(panel, 0);
+      plot.setData(columns(panel, parseFloat(slider.value)));
+    });
     onResize(plots, HEIGHT);
     build();
     connect(1000);

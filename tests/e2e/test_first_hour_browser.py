@@ -11,6 +11,7 @@ from django.contrib.auth.models import Permission
 
 from experience import bank
 from experience.embedding import default_embedder
+from experience.models import Experience
 from tests.e2e.conftest import ARTIFACTS, wait_for_js
 from trainer.config import get_preset
 from webapp.models import Experiment, MetricRow, Run
@@ -120,6 +121,7 @@ def _run_page(page, server: str, run: Run) -> None:
     outcome = page.inner_text("#run-outcome")
     assert "Cancelled at step 2" in outcome and "2 bank entries" in outcome and "Clone this run" in outcome
     assert page.inner_text("#run-bank-size") == "2 entries"
+    _bank_now_point(page, run, 2)
     log = page.locator("#run-log pre")
     assert "metric/59=0.059" in log.inner_text()
     assert log.evaluate("p => p.scrollWidth <= p.clientWidth")  # long lines wrap, nothing is cut
@@ -130,6 +132,23 @@ def _run_page(page, server: str, run: Run) -> None:
     y = page.evaluate("(({min, max}) => [min, max])(window.studioRun.plots.success.scales.y)")
     assert y[0] <= 0.25 and y[1] >= 0.5 and y[1] - y[0] < 2
     _shot(page, "run")
+
+
+def _bank_now_point(page, run: Run, count: int) -> None:
+    """The Bank size chart ends with the header's count (its curve says 4 at step 2, recorded before that
+    step's additions); an entry added later moves both when the header is re-rendered."""
+    plot = "window.studioRun.plots['bank-size']"
+    last = f"({plot}.data.at(-1).filter(v => v !== null))"
+    assert page.evaluate(f"{plot}.series.at(-1).label") == "bank now (as in the header)"
+    assert page.evaluate(last) == [count] and page.evaluate(f"{plot}.data[1].at(-1)") == 4
+    embedder = default_embedder()
+    title, content = "Read the goal", "The goal names the square to reach: find it on the map first."
+    vector = embedder.embed_one(bank.entry_text(title, content))
+    bank.add(run.pk, "MiniHack", title, content, vector, embedding_model=embedder.model_id, step=2)
+    page.evaluate("document.body.dispatchEvent(new Event('run-step'))")  # as a new metric row does
+    wait_for_js(page, "document.querySelector('#run-bank-size').textContent === '3 entries'")
+    wait_for_js(page, f"{last}.length === 1 && {last}[0] === {count + 1}")
+    bank.delete(Experience.objects.in_bank(run.pk).get(title=title).pk, run_id=run.pk, step=2)
 
 
 def _cancel(page, server: str, run: Run) -> None:

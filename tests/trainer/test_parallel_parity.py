@@ -126,11 +126,15 @@ def _one_bank(run: Run, size: float) -> None:
 
 
 def _merges(run: Run) -> list[tuple]:
-    """Every merge chunk: its step, what πϕ answered and what was decided."""
+    """Every merge chunk: its step, the entries πϕ saw (so a different answer to the same prompt shows as
+    such), what it answered and what was decided."""
     from experience.models import Merge
 
     rows = Merge.objects.filter(run=run).order_by("id")
-    return [(m.step, m.chunk, len(m.inputs), m.raw_output, m.decision) for m in rows]
+    return [
+        (m.step, m.chunk, [(e.get("title"), e.get("content")) for e in m.inputs], m.raw_output, m.decision)
+        for m in rows
+    ]
 
 
 def _weights(run: Run, part: str) -> dict[str, torch.Tensor]:

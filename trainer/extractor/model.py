@@ -14,6 +14,7 @@ for a queue of work.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import Counter
@@ -155,9 +156,12 @@ class Extractor:
         trajectory_chars: int = 2400,
         structured: bool | None = None,
         failure_log: Path | None = None,
+        seed: int = 0,
     ) -> None:
-        """``failure_log``: append every unparseable answer there (``ExtractorStats.failure_log``)."""
+        """``failure_log``: append every unparseable answer there (``ExtractorStats.failure_log``).
+        ``seed``: the base of every answer's sampling seed (``sample_seed``)."""
         self.engine = engine
+        self.seed = seed
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -183,21 +187,33 @@ class Extractor:
         """Token ids of a chat-formatted prompt: what the engine saw and what the update scores."""
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
+    def sample_seed(self, key: str, prompt: str) -> int:
+        """The sampling seed of one answer: a function of the run's seed, the caller's key (an episode's id
+        for its distillation) and the prompt, not of what the engine sampled before. So an answer is the
+        same whichever rank's engine gives it and in whatever order, and after a resume."""
+        digest = hashlib.blake2b(f"{self.seed}\0{key}\0{prompt}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 1
+
     def generate(
-        self, chats: Sequence[Sequence[Mapping[str, str]]], schemas: Sequence[Mapping[str, Any]]
+        self,
+        chats: Sequence[Sequence[Mapping[str, str]]],
+        schemas: Sequence[Mapping[str, Any]],
+        keys: Sequence[str],
     ) -> list[Generation]:
-        """One batched call; each answer comes back as a ``Generation`` stamped with the weight version."""
+        """One batched call; each answer comes back as a ``Generation`` stamped with the weight version.
+        ``keys``: one per chat, with its prompt they fix its sampling seed (``sample_seed``)."""
         texts = [self.prompt_text(m) for m in chats]
         requests = [
             GenerationRequest(
                 prompt_ids=tuple(self.prompt_ids(t)),
+                seed=self.sample_seed(key, t),
                 max_new_tokens=self.max_new_tokens,
                 temperature=self.temperature,
                 top_p=self.top_p,
                 repetition_penalty=self.repetition_penalty,
                 json_schema=schema if self.structured else None,
             )
-            for t, schema in zip(texts, schemas, strict=True)
+            for t, schema, key in zip(texts, schemas, keys, strict=True)
         ]
         with self.serving:
             outputs = self.engine.generate(requests)
@@ -281,8 +297,9 @@ class Extractor:
             for r in requests
         ]
         schemas = [xp.distil_schema(self.max_ops, r.retrieved is not None) for r in requests]
+        generations = self.generate(chats, schemas, [r.episode_id for r in requests])
         results = []
-        for r, g in zip(requests, self.generate(chats, schemas), strict=True):
+        for r, g in zip(requests, generations, strict=True):
             parsed = parsing.parse_distil(
                 g.response, max_ops=self.max_ops, can_update=r.retrieved is not None
             )
@@ -303,7 +320,7 @@ class Extractor:
         """The store's ``MergeFn``: a plan for one chunk; ``actions=None`` when unparseable. πϕ sees the
         entries numbered 1, 2, ... (``merge_messages``); the plan names them by their ids."""
         numbers = list(range(1, len(chunk) + 1))
-        (g,) = self.generate([xp.merge_messages(chunk)], [xp.merge_schema(numbers)])
+        (g,) = self.generate([xp.merge_messages(chunk)], [xp.merge_schema(numbers)], ["merge"])
         parsed = parsing.parse_merge(g.response, numbers)
         self._record("merge", parsed, g)
         if not parsed.ok:
@@ -315,7 +332,7 @@ class Extractor:
         """Search-and-Ask's answer: the entry rewritten for the actor's question."""
         if entry is None:
             return Refinement("No stored experience matches this question yet.")
-        (g,) = self.generate([xp.refine_messages(query, entry)], [xp.refine_schema()])
+        (g,) = self.generate([xp.refine_messages(query, entry)], [xp.refine_schema()], ["refine"])
         parsed = parsing.parse_refine(g.response)
         self._record("refine", parsed, g)
         # the entry itself still helps when the answer is unusable

@@ -210,7 +210,7 @@ def test_extractor_generations_under_a_json_grammar_carry_the_models_own_logprob
     extractor.expected_version = engine.weight_version
     entry = Entry(1, "MiniHack", "Walk to the stairs", "Find the > and move towards it, one step per turn.")
     chats = [xp.refine_messages("how do I reach the stairs?", entry)] * 3
-    generations = extractor.generate(chats, [xp.refine_schema()] * 3)
+    generations = extractor.generate(chats, [xp.refine_schema()] * 3, ["a", "b", "c"])
     trainer = load_causal_lm(model_path)
     for g in generations:
         with torch.no_grad():
@@ -241,3 +241,23 @@ def test_a_merge_plan_names_entries_by_their_ids_while_the_model_sees_their_numb
     parsed = parsing.parse_merge(plan.raw, [1, 2, 3])
     assert parsed.ok and plan.actions is not None and parsed.items, plan.raw  # greedy: a finished plan
     assert [a.ids for a in plan.actions] == [tuple(chunk[n - 1].id for n in a.ids) for a in parsed.items]
+
+
+def test_an_extractor_answer_does_not_depend_on_what_its_engine_sampled_before(engine, tokenizer):
+    """πϕ samples each answer with a seed of the run's seed, its key and its prompt: a merge gives the same
+    plan however many answers the engine gave before it (on N ranks another rank's engine, or this one in
+    another order, may give it), and two episodes' distillations of the same prompt are two samples."""
+    from trainer.extractor.model import DistilRequest, Extractor
+    from trainer.store import Entry
+
+    extractor = Extractor(engine, tokenizer, max_new_tokens=40, temperature=1.0, structured=True, seed=7)
+    extractor.expected_version = engine.weight_version
+    chunk = [Entry(i, "MiniHack", t, t + ", one step per turn.") for i, t in ((3, "Go east"), (8, "Go west"))]
+    first = extractor.merge_fn(chunk).raw
+    episode = DistilRequest(episode_id="0/e/1/0/5", scope="MiniHack", goal="Reach the stairs",
+                            steps=(), success=True, reward=1.0, retrieved=None, step=0)  # fmt: skip
+    twins = extractor.distil([episode, replace(episode, episode_id="0/e/1/0/6")])
+    assert extractor.merge_fn(chunk).raw == first
+    assert twins[0].generation.response != twins[1].generation.response
+    other_run = Extractor(engine, tokenizer, seed=8)
+    assert extractor.sample_seed("merge", "p") != other_run.sample_seed("merge", "p")
