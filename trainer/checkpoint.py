@@ -126,11 +126,12 @@ def read_checkpoint(path: Path) -> CheckpointState:
     )
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's dict as dotted keys (``actor.lr``) and their values."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
+            out |= flat_config(v, f"{prefix}{k}.")
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -143,7 +144,7 @@ UNSET = "(not a setting then)"
 def config_changes(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """Every setting (dotted key) whose value differs between two configs' dicts, ``steps`` aside, as
     (key, saved value, wanted value); a key missing from one side shows as ``UNSET``."""
-    a, b = _flat(dict(saved)), _flat(dict(wanted))
+    a, b = flat_config(dict(saved)), flat_config(dict(wanted))
     return [
         (k, a.get(k, UNSET), b.get(k, UNSET))
         for k in sorted(a.keys() | b.keys())

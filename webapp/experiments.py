@@ -27,8 +27,8 @@ from django.utils import timezone
 
 from experience.models import Experience, ExperienceChange, Merge
 from experience.services import experience_import
-from trainer.checkpoint import config_changes
-from trainer.config import ConfigError
+from trainer.checkpoint import UNSET, config_changes, flat_config
+from trainer.config import ConfigError, RunConfig
 from trainer.experiments.spec import Cell, ExperimentSpec
 from trainer.paths import var_dir
 from trainer.rollout.base import native_bf16
@@ -211,7 +211,15 @@ def config_drift(run: Run, cell: Cell) -> str:
 
 
 def _drift(config: dict, cell: Cell) -> str:
-    changes = config_changes(config, cell.config.to_dict())
+    """The cell's settings that differ from ``config``'s (what a run or committed result trained under). A
+    setting added since counts only where the cell sets it off its default: a new setting's default is the
+    behaviour the code had before it (as when a checkpoint resumes, ``read_checkpoint``)."""
+    defaults = flat_config(RunConfig().to_dict())
+    changes = [
+        (key, then, now)
+        for key, then, now in config_changes(config, cell.config.to_dict())
+        if not (then is UNSET and key in defaults and now == defaults[key])
+    ]
     if not cell.config.uses_experience:
         changes = [c for c in changes if not c[0].startswith(("extractor.", "experience."))]
     return "; ".join(f"{key}: {then!r} then, {now!r} now" for key, then, now in changes)

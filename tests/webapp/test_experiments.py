@@ -147,9 +147,10 @@ def test_a_cell_started_under_another_config_waits_for_a_restart_that_keeps_the_
     monkeypatch.setattr("webapp.queueing._enqueue", queued.append)
     experiment_run(spec, user, only=["grpo/s0"], say=said.append)
     old = Run.objects.get(experiment__name=spec.name, cell="grpo/s0")
-    config = old.config  # as if the file had changed since: another lr, a setting that did not exist then
+    config = old.config  # as if the file had changed since: another lr, two settings that did not exist then
     config["actor"]["lr"] = 0.5
-    del config["rollout"]["top_p"]
+    del config["rollout"]["turn_limit"]  # the cell sets it off its default: a difference
+    del config["rollout"]["top_p"]  # the cell leaves it at its default, the code's behaviour before it
     config["extractor"]["temperature"] = 0.1  # grpo never reads it: not a difference that counts
     Run.objects.filter(pk=old.pk).update(config=config, status=Run.Status.FAILED, error="killed")
     folder = Path(old.checkpoint_dir)
@@ -163,8 +164,9 @@ def test_a_cell_started_under_another_config_waits_for_a_restart_that_keeps_the_
     status = io.StringIO()
     call_command("experiment", "status", str(experiment_file), stdout=status)
     assert "started under another config: actor.lr: 0.5 then" in status.getvalue()
-    assert "actor.lr: 0.5 then, 1e-05 now" in said[0] and "rollout.top_p: '(not a setting then)'" in said[0]
-    assert "extractor" not in said[0]
+    assert "actor.lr: 0.5 then, 1e-05 now" in said[0]
+    assert "rollout.turn_limit: '(not a setting then)'" in said[0]
+    assert "extractor" not in said[0] and "top_p" not in said[0]
 
     experiment_run(spec, user, only=["grpo/s0"], restart=["grpo/s0"], say=said.append)
     old.refresh_from_db()
