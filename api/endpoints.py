@@ -1,4 +1,5 @@
-"""``/api/v1/``: runs, their metrics, episodes and experience banks; launch, clone, resume and cancel.
+"""``/api/v1/``: runs, their metrics, episodes and experience banks; launch, clone, resume and cancel;
+bank imports, started, watched and cancelled.
 
 Every read goes through the pages' selectors (``Run.objects.visible_to``), every write through the pages'
 form and services, so the API can see and do exactly what its caller can on the pages."""
@@ -7,8 +8,9 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, RawPostDataException
+from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from ninja import NinjaAPI, Query, Status
+from ninja import File, NinjaAPI, Query, Status, UploadedFile
 from ninja.errors import ValidationError
 
 from api.auth import AUTH, CallerThrottle, caller, signed_in, writing_caller
@@ -24,6 +26,7 @@ from api.schemas import (
     EpisodeOut,
     Error,
     ExperienceOut,
+    ImportOut,
     IndexOut,
     LaunchChanges,
     LaunchIn,
@@ -37,14 +40,19 @@ from api.schemas import (
     RunFilters,
     RunOut,
 )
+from experience import services as bank_services
+from experience.bank import BankError
+from experience.models import ImportJob
+from experience.selectors import import_jobs
 from trainer.plan import PlanError
 from webapp import charts
-from webapp.forms import RunFilterForm
+from webapp.forms import ImportForm, RunFilterForm
 from webapp.models import EpisodeRecord, MetricRow
 from webapp.selectors import bank_browse, bank_entry, metric_series, run_get, run_list
 from webapp.services import (
     Launched,
     RunError,
+    can_edit_bank,
     can_launch,
     launch_placement,
     run_cancel,
@@ -204,7 +212,70 @@ def bank_entry_detail(request: HttpRequest, run_id: PathId, entry_id: PathId):
     return bank_entry(run_get(caller(request).user, run_id), entry_id)
 
 
+@api.get("/runs/{run_id}/imports", response=list[ImportOut], tags=["bank"])
+@paginated
+def imports(request: HttpRequest, run_id: PathId):
+    """The run's bank imports, newest first: each one's phase, progress and outcome."""
+    return import_jobs(run_get(caller(request).user, run_id)).order_by("-created_at", "-id")
+
+
+@api.get("/runs/{run_id}/imports/{import_id}", response={200: ImportOut, 404: Error}, tags=["bank"])
+def import_detail(request: HttpRequest, run_id: PathId, import_id: PathId):
+    """One import: poll it until ``status`` is succeeded, failed or cancelled."""
+    return get_object_or_404(ImportJob, pk=import_id, run=run_get(caller(request).user, run_id))
+
+
 # ---- writes ----------------------------------------------------------------------------------------
+
+
+def _editable_bank(request: HttpRequest, run_id: int):
+    """The run, if the caller may change its bank (as on the bank page); else 403 (404 if they cannot see
+    it)."""
+    user = writing_caller(request).user
+    run = run_get(user, run_id)
+    if not can_edit_bank(user, run):
+        raise PermissionDenied("you may not edit this run's experience bank")
+    return run, user
+
+
+IMPORT_RESPONSES = {201: ImportOut, 202: ImportOut, 403: Error, 404: Error, 422: Refused}
+
+
+@api.post("/runs/{run_id}/imports", response=IMPORT_RESPONSES, tags=["bank"])
+def import_start(request: HttpRequest, run_id: PathId, file: File[UploadedFile]):
+    """Add the entries of a JSONL export (multipart, field ``file``), all or nothing, as the bank page's
+    Import does: 201 when a small file was imported within the request, 202 when a larger one was queued for
+    a worker (poll ``GET .../imports/{id}``; ``POST .../cancel`` stops it), 422 when nothing was imported and
+    why."""
+    run, user = _editable_bank(request, run_id)
+    form = ImportForm(files={"file": file})
+    if not form.is_valid():
+        return Status(422, {"detail": "nothing was imported", "errors": dict(form.errors)})
+    job = bank_services.import_upload(run, form.cleaned_data["file"], user=user)
+    if job.status == ImportJob.Status.FAILED:
+        detail = f"nothing was imported: the file is not a valid experience export ({job.error})"
+        return Status(422, {"detail": detail, "errors": {"file": [job.error]}})
+    return Status(202 if job.status == ImportJob.Status.QUEUED else 201, job)
+
+
+@api.post(
+    "/runs/{run_id}/imports/{import_id}/cancel",
+    response={200: ImportOut, 403: Error, 404: Error, 409: Error},
+    tags=["bank"],
+)
+def import_cancel(request: HttpRequest, run_id: PathId, import_id: PathId):
+    """Stop an import before it writes anything: a queued one ends now, one being validated or embedded at
+    its next progress report (``status`` turns cancelled; nothing of it is imported). 409 once it has ended
+    or is writing its entries."""
+    run, _ = _editable_bank(request, run_id)
+    job = get_object_or_404(ImportJob, pk=import_id, run=run)
+    try:
+        bank_services.import_job_cancel(job)
+    except BankError as err:
+        return Status(409, {"detail": f"not cancelled: {err}"})
+    job.refresh_from_db()
+    return job
+
 
 LAUNCH_RESPONSES = {200: LaunchOut, 201: LaunchOut, 403: Error, 404: Error, 422: Refused}
 

@@ -19,9 +19,15 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _body(request_body: dict | None) -> str:
+    if request_body is None:
+        return ""
+    return "multipart file" if "multipart/form-data" in request_body.get("content", {}) else "JSON"
+
+
 def operations_table(schema: dict) -> str:
     """One row per operation, grouped by tag in the schema's order: method, path, what it does, its
-    parameters (``name`` or ``name*`` when required) and whether it takes a JSON body."""
+    parameters (``name`` or ``name*`` when required) and the body it takes (JSON, or a multipart file)."""
     rows = []
     for path, item in schema["paths"].items():
         for method in METHODS:
@@ -31,7 +37,7 @@ def operations_table(schema: dict) -> str:
             params = ", ".join(
                 f"`{p['name']}{'*' if p.get('required') else ''}`" for p in op.get("parameters", [])
             )
-            body = "JSON" if "requestBody" in op else ""
+            body = _body(op.get("requestBody"))
             what = (op.get("description") or op.get("summary") or "").split("\n\n")[0]
             rows.append(((op.get("tags") or [""])[0], method.upper(), path, _cell(what), params, body))
     order = {tag: i for i, tag in enumerate(dict.fromkeys(r[0] for r in rows))}

@@ -188,6 +188,24 @@ class ExperienceOut(Schema):
     deleted_at: datetime | None
 
 
+class ImportOut(Schema):
+    """One JSONL import into a run's bank: validated, embedded, then written in one transaction (all or
+    nothing)."""
+
+    id: int
+    file_name: str
+    size: int = Field(description="Bytes uploaded.")
+    status: str = Field(description="queued, validating, embedding, writing, succeeded, failed or cancelled.")
+    lines: int = Field(description="Non-empty lines (known once validated).")
+    done: int = Field(description="Lines validated, then lines embedded: progress of the current phase.")
+    entries: int = Field(description="Entries added to the bank (when succeeded).")
+    error: str = Field(description="Why nothing was imported (when failed).")
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
 class LaunchChanges(RequestBody):
     """A launch, in the launch form's terms: every value is judged by the form itself."""
 

@@ -148,6 +148,25 @@ IMPORT_STALE = timedelta(minutes=10)
 """An import job whose worker has not reported for this long is taken over by a redelivered task."""
 
 
+IMPORT_INLINE_MAX_BYTES = 256 * 1024
+"""Larger uploads are imported by a worker (``default`` queue), with progress on the bank page."""
+
+
+def import_upload(run, upload: UploadedFile, *, user=None) -> ImportJob:
+    """The import of an uploaded JSONL export, as the bank page and the API start it: a small file here and
+    now (all or nothing: a refused file's job has failed, its ``error`` saying why), a larger one queued for
+    a worker (``import_job_start``)."""
+    if upload.size > IMPORT_INLINE_MAX_BYTES:
+        return import_job_start(run, upload, user=user)
+    job = ImportJob.objects.create(run=run, user=user, file_name=(upload.name or "")[:255], size=upload.size)
+    try:
+        _run_import(job, upload)
+    except ValueError:
+        pass  # run_job marked the job failed, with what was wrong
+    job.refresh_from_db()
+    return job
+
+
 def import_job_start(run, upload: UploadedFile, *, user=None) -> ImportJob:
     """Keep an uploaded export for a worker (``var/imports``) and queue its import (after commit)."""
     folder = Path(settings.VAR_DIR) / "imports"

@@ -300,10 +300,6 @@ def bank_export(request: HttpRequest, run_id: int) -> HttpResponse:
     return response
 
 
-IMPORT_INLINE_MAX_BYTES = 256 * 1024
-"""Larger uploads are imported by a worker (``default`` queue), with progress on the bank page."""
-
-
 @require_POST
 def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
     """Add the entries of a JSONL export: all or nothing, with a message saying what was wrong. A small
@@ -315,17 +311,16 @@ def bank_import(request: HttpRequest, run_id: int) -> HttpResponse:
         messages.error(request, f"Nothing was imported: {errors}")
         return redirect("bank", run_id=run.id)
     upload = form.cleaned_data["file"]
-    if upload.size > IMPORT_INLINE_MAX_BYTES:
-        bank_services.import_job_start(run, upload, user=request.user)
+    job = bank_services.import_upload(run, upload, user=request.user)
+    if job.status == ImportJob.Status.QUEUED:
         messages.info(request, f"Importing {upload.name} in the background: progress under Import.")
-        return redirect("bank", run_id=run.id)
-    try:
-        n = bank_services.experience_import(
-            run, upload, user=request.user, file_name=upload.name, size=upload.size
+    elif job.status == ImportJob.Status.FAILED:
+        reason = job.error
+        messages.error(
+            request, f"Nothing was imported: the file is not a valid experience export ({reason})."
         )
-    except ValueError as err:
-        messages.error(request, f"Nothing was imported: the file is not a valid experience export ({err}).")
     else:
+        n = job.entries
         messages.success(request, f"Imported {n} entr{'y' if n == 1 else 'ies'}.")
         if warning := unread_scopes_warning(run):
             messages.warning(request, warning)

@@ -48,6 +48,7 @@ ENDPOINTS = [
     Endpoint("get", "/api/v1/runs/{queued}/metrics/rows", "/runs/{queued}/", READ),
     Endpoint("get", "/api/v1/runs/{queued}/episodes", "/runs/{queued}/episodes/", READ),
     Endpoint("get", "/api/v1/runs/{queued}/bank", "/runs/{queued}/bank/", READ),
+    Endpoint("get", "/api/v1/runs/{queued}/imports", "/runs/{queued}/bank/", READ),
     Endpoint(
         "post",
         "/api/v1/runs",

@@ -6,7 +6,8 @@ to runs of a throwaway user, queued nowhere (``webapp.queueing._enqueue`` replac
 One check is left out where it cannot hold: ``positive_data_acceptance`` on the launch operations (POST
 /runs, /runs/{id}/clone, /plan). A launch is judged by the launch form and the plan after the schema (k even,
 the plan fitting a worker's memory, a base config's own rules), which no JSON Schema can state: a
-schema-valid launch may be refused with 422 and its reasons, as the schema says.
+schema-valid launch may be refused with 422 and its reasons, as the schema says. Likewise an import's file
+(POST /runs/{id}/imports) is judged line by line by the importer: any bytes are a schema-valid file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.api.conftest import bearer
 pytestmark = pytest.mark.django_db(transaction=True)  # requests run through the WSGI app's own connections
 APP = get_wsgi_application()
 JUDGED_AFTER_THE_SCHEMA = {("POST", "/api/v1/runs"), ("POST", "/api/v1/runs/{run_id}/clone"),
-                           ("POST", "/api/v1/plan")}  # fmt: skip
+                           ("POST", "/api/v1/plan"), ("POST", "/api/v1/runs/{run_id}/imports")}  # fmt: skip
 EXAMPLES = 12
 """Generated requests per operation (and its explicit examples): the suite stays short."""
 

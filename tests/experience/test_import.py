@@ -15,9 +15,9 @@ from django.urls import reverse
 from experience import services, transfer
 from experience.bank import BankError
 from experience.models import Experience, ExperienceChange, ImportJob, ImportRow
+from experience.services import IMPORT_INLINE_MAX_BYTES
 from experience.tasks import import_bank
 from webapp.celery import app
-from webapp.views_bank import IMPORT_INLINE_MAX_BYTES
 
 pytestmark = pytest.mark.django_db
 
