@@ -46,15 +46,25 @@ from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experienc
 from trainer.runfiles import last_attempt, read_lines
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
-TOOL_NOTE = (
-    "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
-    "<search>your question</search>. At most {limit} questions per episode."
-)
+TOOL_NOTES = {
+    "plain": "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
+    "<search>your question</search>. At most {limit} questions per episode.",
+    "example": "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
+    "<search>your question</search>, for example <search>Which way are the stairs?</search>. At most "
+    "{limit} questions per episode.",
+}
+"""What a guided episode's prompt says of Search-and-Ask after its experience (``experience.tool_note``)."""
 JOURNAL_FILE = "extractor_track.jsonl"
 """The extractor track's finished work, in the run's folder (``trainer.extractor.track.TrackJournal``)."""
 METRICS_FILE = "metrics.jsonl"
 """The run's step and eval rows, in its folder (``trainer.report.JsonlReporter``)."""
 SEARCH_TAG = re.compile(r"<search>(.*?)(?:</search>|$)", re.DOTALL | re.IGNORECASE)
+
+
+def tool_note(cfg: RunConfig) -> str:
+    """What a guided episode's prompt says of Search-and-Ask after its experience ("" when it is off)."""
+    limit = cfg.search_and_ask_limit
+    return TOOL_NOTES[cfg.experience.tool_note].format(limit=limit) if limit else ""
 
 
 def scope_for(cfg: RunConfig, env_name: str) -> str:
@@ -310,8 +320,7 @@ class CoevolutionLoop(TrainingLoop):
         self.step = 0
         limit = cfg.search_and_ask_limit
         self.tool = SearchAndAsk(self.store, self.extractor, cfg, self.reporter) if limit else None
-        note = TOOL_NOTE.format(limit=limit) if limit else ""
-        self.retriever = BankRetriever(self.store, cfg, tool_note=note)
+        self.retriever = BankRetriever(self.store, cfg, tool_note=tool_note(cfg))
         self.retrieve = self.retriever
         self.eval_retrieve = BankRetriever(self.store, cfg, count=False)
         self.runner = _Runner(self.runner, self.tool, self._submit)

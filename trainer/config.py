@@ -377,6 +377,9 @@ class ExperienceConfig(_Section):
     """Actor steps before retrieval and extractor training start; the bank fills meanwhile [5]."""
     search_and_ask_max: int = 2
     """Most Search-and-Ask queries the actor may make in one episode [2]."""
+    tool_note: str = "plain"
+    """How a guided episode's prompt offers Search-and-Ask after its experience: 'plain' (what to write) or
+    'example' (and one example question) [plain] (``trainer.coevolution.TOOL_NOTES``)."""
     placement: str = "system"
     """Where a guided rollout's entry goes: 'system' (the system prompt, as the paper) or 'turn' (after every
     observation, next to the answer, where a small actor reads it: docs/experiments/dark-pool/)."""
@@ -403,6 +406,7 @@ class ExperienceConfig(_Section):
         _at_least("warmup_steps", self.warmup_steps, 0)
         _at_least("search_and_ask_max", self.search_and_ask_max, 0)
         _one_of("placement", self.placement, ("system", "turn"))  # trainer.prompts.PLACEMENTS
+        _one_of("tool_note", self.tool_note, ("plain", "example"))  # trainer.coevolution.TOOL_NOTES
 
 
 @dataclass(frozen=True)

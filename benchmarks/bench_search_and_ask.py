@@ -1,0 +1,93 @@
+"""Does the actor ever ask the bank? Search-and-Ask's reach before any training (issue 46, point 4)
+
+    python benchmarks/bench_search_and_ask.py [--actor DIR] [--samples 4]
+
+The dark pool's 16 rooms, each played ``--samples`` times at the training temperature with the room's true
+entry in the system prompt, as a guided training episode gets it, followed by each variant of the tool's
+note (``trainer.coevolution.TOOL_NOTES``; "none": the entry alone). Counts the turns whose reply opens a
+question (``<search>``, as the Search-and-Ask intercept reads it) and the episodes with at least one. GRPO can
+only reinforce an ask that some rollout makes: a variant whose asks never occur cannot be learnt. Replies are
+the run's (``rollout.max_new_tokens``); no question is answered, so an episode that asks goes on as if it had
+played an invalid move. ``--actor``: a model or a checkpoint's ``actor/`` folder [the untrained actor].
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks.outputs import write_output  # noqa: E402
+
+CONFIG = ROOT / "configs/cpu-dark-pool-grpo-lora.toml"
+BUDGET = {"rollout.turn_limit": 8, "rollout.max_new_tokens": 8}
+"""The dark-pool grid's budget (configs/experiments/dark-pool.toml)."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--actor", type=Path, help="model folder [the untrained actor]")
+    parser.add_argument("--samples", type=int, default=4, help="episodes per room and variant")
+    args = parser.parse_args()
+
+    from trainer.coevolution import SEARCH_TAG, TOOL_NOTES
+    from trainer.config import RunConfig
+    from trainer.envs.minihack_pool import load_pool, oracle_entries
+    from trainer.evaluate import eval_runner
+    from trainer.rollout.base import engine_from_config
+    from trainer.rollout.runner import EpisodeSpec, Experience
+
+    cfg = RunConfig.from_file(CONFIG).with_overrides(**BUDGET)
+    actor = args.actor or Path(cfg.actor.model_path)
+    rooms = load_pool(cfg.env)
+    truth = {
+        room.name: f"{e['title']}\n{e['content']}"
+        for room, e in zip(rooms, oracle_entries(cfg.env), strict=True)
+    }
+    engine = engine_from_config(actor, cfg.rollout, seed=cfg.seed)
+    runner = eval_runner(engine, actor, cfg.rollout)
+    limit = cfg.experience.search_and_ask_max
+
+    def entry_for(query) -> str:
+        (name,) = [n for n in truth if f"This is the {n} room." in query.goal]
+        return truth[name]
+
+    def play(note: str) -> dict:
+        specs = [
+            EpisodeSpec(cfg.env, seed, group=seed, guided=True, sample_seed=1000 * seed + 97 * k)
+            for seed in range(len(rooms))
+            for k in range(args.samples)
+        ]
+        text = (lambda q: f"{entry_for(q)}\n\n{note.format(limit=limit)}") if note else entry_for
+        episodes, _ = runner.run(
+            specs, retrieve=lambda qs: [Experience(text(q)) for q in qs], temperature=cfg.rollout.temperature
+        )
+        asks = [sum(bool(SEARCH_TAG.search(t.action_text)) for t in e.turns) for e in episodes]
+        return {
+            "episodes": len(episodes),
+            "turns": sum(len(e.turns) for e in episodes),
+            "asking turns": sum(asks),
+            "episodes that ask": sum(a > 0 for a in asks),
+            "successes": sum(e.success for e in episodes),
+        }
+
+    try:
+        rows = []
+        for name, note in {"none": "", **TOOL_NOTES}.items():
+            row = {"note": name} | play(note)
+            rows.append(row)
+            print(row, flush=True)
+        figures = {"actor": str(actor), "env": cfg.env, "samples per room": args.samples,
+                   "temperature": cfg.rollout.temperature, "rows": rows}  # fmt: skip
+        write_output("search-and-ask-reach", figures)
+    finally:
+        runner.close()
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
