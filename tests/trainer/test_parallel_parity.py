@@ -35,10 +35,13 @@ PARITY = COMPLEMENTARY | {
     "env": "MiniHack-Room-Random-5x5", "steps": STEPS, "tasks_per_step": 2, "k_rollouts": 4,
     "eval_every": STEPS, "eval_episodes": 2, "rollout.turn_limit": 15, "experience.merge_every": 2,
     "experience.lockstep": True, "experience.recency_window_s": 1e6, "checkpoint_every": 0,
-    "extractor.kv_cache_gib": 0.25,
+    "extractor.kv_cache_gib": 0.25, "rollout.dtype": "float32",
 }  # fmt: skip
 """8 episodes a step (2 task instances x 2 guided + 2 free), which a walking actor wins sometimes; a merge
-pass after step 2."""
+pass after step 2. The engines compute in float32: πϕ's weights on N processes differ from one process's
+by up to ~lr where AdamW meets a near-zero gradient, and in bfloat16 such a difference can round a weight to
+the next bfloat16 value, enough to change a sampled token now and then (CI once saw a merge answer differ
+so)."""
 WEIGHTS_TOLERANCE = 1e-5
 """Largest weight difference from the 1-process run after the run's updates: sharded gradients are
 reduced in another order (relative error < 1e-5 in tests/trainer/test_parallel.py), and AdamW can turn such
