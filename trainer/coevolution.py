@@ -46,12 +46,13 @@ from trainer.rollout.runner import Episode, EpisodeSpec, EpisodeState, Experienc
 from trainer.runfiles import last_attempt, read_lines
 from trainer.store import SHARED_SCOPE, Entry, ExperienceStore, Generation, Refinement
 
+_ASK = "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
+_LIMIT = " At most {limit} questions per episode."
 TOOL_NOTES = {
-    "plain": "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
-    "<search>your question</search>. At most {limit} questions per episode.",
-    "example": "If you are unsure what to do, you may ask the experience bank instead of acting: reply with "
-    "<search>your question</search>, for example <search>Which way are the stairs?</search>. At most "
-    "{limit} questions per episode.",
+    "plain": _ASK + "<search>your question</search>." + _LIMIT,
+    "example": _ASK
+    + "<search>your question</search>, for example <search>Which way are the stairs?</search>."
+    + _LIMIT,
 }
 """What a guided episode's prompt says of Search-and-Ask after its experience (``experience.tool_note``)."""
 JOURNAL_FILE = "extractor_track.jsonl"
