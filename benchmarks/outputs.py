@@ -144,6 +144,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "prompt-sensitivity": rows_table,
     "extractor-sampling": rows_table,
     "rank-rollouts": rows_table,
+    "search-and-ask-reach": rows_table,
 }
 """Output name → its table. Every benchmark that calls ``write_output`` has one here."""
 
