@@ -242,13 +242,13 @@ IMPORT_RESPONSES = {201: ImportOut, 202: ImportOut, 403: Error, 404: Error, 422:
 
 
 @api.post("/runs/{run_id}/imports", response=IMPORT_RESPONSES, tags=["bank"])
-def import_start(request: HttpRequest, run_id: PathId, file: File[UploadedFile]):
+def import_start(request: HttpRequest, run_id: PathId, file: File[UploadedFile] = None):
     """Add the entries of a JSONL export (multipart, field ``file``), all or nothing, as the bank page's
     Import does: 201 when a small file was imported within the request, 202 when a larger one was queued for
     a worker (poll ``GET .../imports/{id}``; ``POST .../cancel`` stops it), 422 when nothing was imported and
     why."""
-    run, user = _editable_bank(request, run_id)
-    form = ImportForm(files={"file": file})
+    run, user = _editable_bank(request, run_id)  # who may import before what they sent: 404 tells nothing
+    form = ImportForm(files={"file": file} if file is not None else {})
     if not form.is_valid():
         return Status(422, {"detail": "nothing was imported", "errors": dict(form.errors)})
     job = bank_services.import_upload(run, form.cleaned_data["file"], user=user)

@@ -96,3 +96,12 @@ def test_imports_need_the_bank_pages_permission_and_a_writing_token(client, user
     assert _post(client, url, _lines(1), bearer(user, "read")).status_code == 403
     assert client.get(url, headers=bearer(user, "read")).status_code == 200  # reading needs no more
     assert Experience.objects.filter(run=run).count() == 0
+
+
+def test_a_request_without_a_file_is_refused_after_the_permission_check(client, editor, django_user_model):
+    run = make_run(editor)
+    url = f"/api/v1/runs/{run.id}/imports"
+    answer = client.post(url, {}, headers=bearer(editor))
+    assert answer.status_code == 422 and "file" in answer.json()["errors"], answer.content
+    stranger = django_user_model.objects.create_user("oscar")
+    assert client.post(url, {}, headers=bearer(stranger)).status_code == 404  # not "no file"
