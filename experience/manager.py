@@ -2,11 +2,14 @@
 
 Reads: callers' queries go to a micro-batcher thread that waits for ``batch_size`` queries or
 ``max_wait_s`` (16, 1 ms), embeds the cache misses in one forward pass, folds identical queries into one
-search, and hands the searches to ``workers`` threads (4), each with its own database connection. A search
-takes the read side of a writer-priority reader–writer lock, fetches ``oversample`` × k candidates by
-cosine distance through the HNSW index, re-ranks them (``experience.retrieval``), and counts the
-retrievals with in-place increments, outside the writer lock. A worker sends its slice of a batch in
-one pipelined round trip, and the counter updates in another.
+search, and spreads the searches over ``workers`` threads (4), each with its own database connection. A
+search takes the read side of a writer-priority reader–writer lock and fetches ``oversample`` × k
+candidates by cosine distance through the HNSW index; a worker sends its slice of a batch in one pipelined
+round trip. The batch thread then re-ranks the batch's candidates in the order the queries came
+(``experience.retrieval``; each counted pick demotes its entry for every later query) and counts the
+retrievals with in-place increments in one more round trip, outside the writer lock, before it takes the
+next batch. So a list of queries gets what retrieving them one after another would give, whichever thread
+fetched what: a run replays exactly (it did not while each worker re-ranked and counted its own slice).
 
 Writes (operations, merges, undo, import, people's edits through ``write_access``) take the writer side
 and go through ``experience.bank``, which makes each one atomic and records it.
@@ -229,49 +232,56 @@ class ExperienceManager:
         connection.close()
 
     def _dispatch(self, batch: list[_Request]) -> None:
+        """Embed, fetch and rank one batch, and answer its callers, before the next batch starts: each
+        batch sees the usage counts of every one before it."""
         groups: dict[tuple[str, str, int, bool], list[_Request]] = defaultdict(list)
         for r in batch:
             groups[(r.text, r.scope, r.k, r.count)].append(r)
         texts = [r.text for r in batch]  # duplicates count as cache hits; each distinct miss is encoded once
         try:
             vectors = dict(zip(texts, self.embedder.embed(texts), strict=True))
+            queries = [
+                (vectors[text], scope, k, len(requests), counted)
+                for (text, scope, k, counted), requests in groups.items()
+            ]
+            with self._stats_lock:
+                self.stats.queries += len(batch)
+                self.stats.batches += 1
+                self.stats.searches += len(groups)
+            results = self._rank(queries, self._fetch_in_parallel(queries))
         except Exception as exc:  # noqa: BLE001 - handed to every waiting caller
+            connection.close_if_unusable_or_obsolete()  # a dropped connection reopens on the next search
             for r in batch:
                 r.future.set_exception(exc)
             return
-        with self._stats_lock:
-            self.stats.queries += len(batch)
-            self.stats.batches += 1
-            self.stats.searches += len(groups)
-        items = [
-            (vectors[text], scope, k, counted, requests)
-            for (text, scope, k, counted), requests in groups.items()
-        ]
-        if len(items) == 1:  # nothing to parallelise: search here and save a thread hand-off
-            self._search(items)
-            return
-        for i in range(min(self.n_workers, len(items))):  # one slice per worker
-            self._work.put(items[i :: self.n_workers])
-
-    def _search(self, items: list[tuple]) -> None:
-        try:
-            results = self.search_vectors(
-                [(vector, scope, k, len(requests), counted) for vector, scope, k, counted, requests in items]
-            )
-        except Exception as exc:  # noqa: BLE001 - handed to the callers
-            connection.close_if_unusable_or_obsolete()  # a dropped connection reopens on the next search
-            for *_, requests in items:
-                for r in requests:
-                    r.future.set_exception(exc)
-            return
-        for (*_, requests), answers in zip(items, results, strict=True):
+        for requests, answers in zip(groups.values(), results, strict=True):
             for r, entries in zip(requests, answers, strict=True):
                 r.future.set_result(entries)
 
+    def _fetch_in_parallel(self, queries: list[tuple]) -> list[list[tuple]]:
+        """Each query's candidate rows, the searches spread over the worker threads (one slice each)."""
+        if len(queries) == 1:  # nothing to parallelise: search here and save a thread hand-off
+            return self.fetch(queries)
+        slices = [list(range(len(queries)))[i :: self.n_workers] for i in range(self.n_workers)]
+        futures = []
+        for idx in (s for s in slices if s):
+            futures.append((idx, Future()))
+            self._work.put(([queries[i] for i in idx], futures[-1][1]))
+        rows: list[list[tuple]] = [[] for _ in queries]
+        for idx, future in futures:
+            for i, found in zip(idx, future.result(), strict=True):
+                rows[i] = found
+        return rows
+
     def _search_loop(self) -> None:
         try:
-            while (items := self._work.get()) is not None:
-                self._search(items)
+            while (work := self._work.get()) is not None:
+                queries, future = work
+                try:
+                    future.set_result(self.fetch(queries))
+                except Exception as exc:  # noqa: BLE001 - handed to the batch thread
+                    connection.close_if_unusable_or_obsolete()
+                    future.set_exception(exc)
         finally:
             connection.close()
 
@@ -288,9 +298,13 @@ class ExperienceManager:
 
     def search_vectors(self, queries: Sequence[tuple]) -> list[list[list[Entry]]]:
         """One search per embedded query ``(vector, scope, k, n, counted)`` asked by ``n`` identical
-        requests: the top-k diversified entries of each request, in order. Counted requests are served in
-        turn (each pick demotes that entry for the next, ``retrieval.rerank_in_turn``) and counted as
-        retrieved; read-only ones all get the ranking as it stands. All searches go in one round trip."""
+        requests: the top-k diversified entries of each request, in order (``_rank``)."""
+        return self._rank(queries, self.fetch(queries))
+
+    def fetch(self, queries: Sequence[tuple]) -> list[list[tuple]]:
+        """The candidate rows of each query ``(vector, scope, k, ...)``: ``oversample`` × k by cosine
+        distance, through the HNSW index (an exact scan where its filtered result ran short). All
+        searches go in one round trip, under the read side of the lock."""
         factor = self.oversample if self.diversify else 1
         params = [
             {"q": Vector._to_db(vector), "run": self.run_id, "scope": scope, "n": k * factor}
@@ -317,6 +331,15 @@ class ExperienceManager:
                         rows[i] = cursor.fetchall()
                     with self._stats_lock:
                         self.stats.exact_fallbacks += 1
+        return rows
+
+    def _rank(self, queries: Sequence[tuple], rows: Sequence[list[tuple]]) -> list[list[list[Entry]]]:
+        """Re-rank each query's candidates in the queries' order, and count the retrievals.
+
+        Counted requests are served in turn, as if each came after the one before it: a pick demotes that
+        entry for every later request (``retrieval.rerank_in_turn``, whatever the later request's text),
+        so a batch answers the same whichever threads fetched it, and a run replays exactly. Read-only
+        requests all get the ranking as it stands."""
         now = timezone.now()
         results, counts = [], defaultdict(int)
         ranking = {
@@ -326,7 +349,7 @@ class ExperienceManager:
             "relevance": self.relevance,
         }
         for (_, _, k, n, counted), found in zip(queries, rows, strict=True):
-            candidates = [retrieval.Candidate(r[0], r[14], r[6], r[7]) for r in found]
+            candidates = [_candidate(r, counts.get(r[0], 0), now) for r in found]
             if counted:
                 picks = retrieval.rerank_in_turn(candidates, k, n, now, **ranking)
                 for c in (c for chosen in picks for c in chosen):
@@ -341,10 +364,11 @@ class ExperienceManager:
     def _count_retrievals(self, counts: dict[int, int], now) -> None:
         """F()-style increments (``SET n = n + c``), never under the writer lock, in one round trip.
 
-        Rows are always locked in ascending id order (here, in other workers and in a merge's
-        ``select_for_update``), so concurrent counter updates and merges can never deadlock."""
+        Rows are always locked in ascending id order (here and in a merge's ``select_for_update``), so
+        counter updates and merges can never deadlock."""
         if not counts:
             return
+        self._ensure_session()
         with connection.connection.cursor() as cursor:  # executemany pipelines its statements
             cursor.executemany(_COUNT_SQL, [(counts[i], now, i) for i in sorted(counts)])
 
@@ -538,6 +562,12 @@ class ExperienceManager:
         return transfer.import_jsonl(
             self.run_id, source, self.embedder, user=user, capacity=self.capacity, writing=self.rw.write
         )
+
+
+def _candidate(r: tuple, picked: int, now) -> retrieval.Candidate:
+    """A candidate row as the re-rank sees it, with the ``picked`` retrievals made ``now`` earlier in the
+    same batch (not yet in the row's counters)."""
+    return retrieval.Candidate(r[0], r[14], r[6] + picked, now if picked else r[7])
 
 
 def _row_entry(r: tuple, score: float | None) -> Entry:

@@ -212,6 +212,28 @@ def test_identical_queries_of_one_batch_are_served_in_turn(run, embedder):
     assert counts == {heat_id: 4, cool_id: 1}
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_batch_of_different_queries_answers_as_retrieving_them_one_after_another(run, embedder, workers):
+    """Each counted pick demotes its entry for the later queries of the same batch, whichever worker threads
+    fetched them: a batch gives what separate calls in its order give (a run replays exactly)."""
+    queries = [HEAT_QUERY, HEAT_QUERY.replace("mug", "cup"), HEAT_QUERY.replace("mug", "potato")]
+    one_by_one = []
+    with ExperienceManager(run.pk, embedder=embedder) as manager:
+        ids = add(manager, HEAT, COOL)
+        for q in queries:
+            [[entry]] = manager.retrieve([q], "alfworld")
+            one_by_one.append(ids.index(entry.id))
+    other = Run.objects.create(owner=run.owner, name="the same bank again", method=run.method)
+    with ExperienceManager(other.pk, embedder=embedder, max_wait_s=0.5, workers=workers) as manager:
+        ids = add(manager, HEAT, COOL)
+        batched = [ids.index(e.id) for [e] in manager.retrieve(queries, "alfworld")]
+        stats = manager.stats
+    assert stats.batches == 1 and stats.searches == 3  # one batch, its searches on one or three workers
+    assert batched == one_by_one == [0, 1, 0]  # each query saw the picks before it, as one after another
+    counts = dict(Experience.objects.filter(run=other).values_list("title", "retrieval_count"))
+    assert counts == {HEAT.title: 2, COOL.title: 1}
+
+
 def test_a_just_retrieved_entry_is_demoted(manager):
     heat_id, cool_id = add(manager, HEAT, COOL)
     [[first]] = manager.retrieve([HEAT_QUERY], "alfworld")
