@@ -3,12 +3,14 @@
     python benchmarks/bench_search_and_ask.py [--actor DIR] [--samples 4]
 
 The dark pool's 16 rooms, each played ``--samples`` times at the training temperature with the room's true
-entry in the system prompt, as a guided training episode gets it, followed by each variant of the tool's
-note (``trainer.coevolution.TOOL_NOTES``; "none": the entry alone). Counts the turns whose reply opens a
-question (``<search>``, as the Search-and-Ask intercept reads it) and the episodes with at least one. GRPO can
-only reinforce an ask that some rollout makes: a variant whose asks never occur cannot be learnt. Replies are
-the run's (``rollout.max_new_tokens``); no question is answered, so an episode that asks goes on as if it had
-played an invalid move. ``--actor``: a model or a checkpoint's ``actor/`` folder [the untrained actor].
+entry followed by each variant of the tool's note (``trainer.coevolution.TOOL_NOTES``; "none": the entry
+alone), placed as the grid's guided episodes get it (``experience.placement`` 'turn': after every
+observation, right before the answer) and as the paper places it (the system prompt). Counts the turns
+whose reply opens a question (``<search>``, as the Search-and-Ask intercept reads it) and the episodes with at
+least one. GRPO can only reinforce an ask that some rollout makes: a variant whose asks never occur cannot be
+learnt. Replies are the run's (``rollout.max_new_tokens``); no question is answered, so an episode that asks
+goes on as if it had played an invalid move. ``--actor``: a model or a checkpoint's ``actor/`` folder [the
+untrained actor].
 """
 
 from __future__ import annotations
@@ -49,14 +51,15 @@ def main() -> None:
         for room, e in zip(rooms, oracle_entries(cfg.env), strict=True)
     }
     engine = engine_from_config(actor, cfg.rollout, seed=cfg.seed)
-    runner = eval_runner(engine, actor, cfg.rollout)
+    placements = dict.fromkeys((cfg.experience.placement, "system"))  # the grid's first
+    runners = {p: eval_runner(engine, actor, cfg.rollout, placement=p) for p in placements}
     limit = cfg.experience.search_and_ask_max
 
     def entry_for(query) -> str:
         (name,) = [n for n in truth if f"This is the {n} room." in query.goal]
         return truth[name]
 
-    def play(note: str) -> dict:
+    def play(runner, note: str) -> dict:
         specs = [
             EpisodeSpec(cfg.env, seed, group=seed, guided=True, sample_seed=1000 * seed + 97 * k)
             for seed in range(len(rooms))
@@ -77,15 +80,17 @@ def main() -> None:
 
     try:
         rows = []
-        for name, note in {"none": "", **TOOL_NOTES}.items():
-            row = {"note": name} | play(note)
-            rows.append(row)
-            print(row, flush=True)
+        for placement, runner in runners.items():
+            for name, note in {"none": "", **TOOL_NOTES}.items():
+                row = {"placement": placement, "note": name} | play(runner, note)
+                rows.append(row)
+                print(row, flush=True)
         figures = {"actor": str(actor), "env": cfg.env, "samples per room": args.samples,
                    "temperature": cfg.rollout.temperature, "rows": rows}  # fmt: skip
         write_output("search-and-ask-reach", figures)
     finally:
-        runner.close()
+        for runner in runners.values():
+            runner.close()
         engine.close()
 
 
