@@ -70,12 +70,16 @@ def main() -> None:
             specs, retrieve=lambda qs: [Experience(text(q)) for q in qs], temperature=cfg.rollout.temperature
         )
         asks = [sum(bool(SEARCH_TAG.search(t.action_text)) for t in e.turns) for e in episodes]
+        asked = [t.action_text.strip() for e in episodes for t in e.turns if SEARCH_TAG.search(t.action_text)]
         return {
             "episodes": len(episodes),
             "turns": sum(len(e.turns) for e in episodes),
             "asking turns": sum(asks),
             "episodes that ask": sum(a > 0 for a in asks),
             "successes": sum(e.success for e in episodes),
+            "what was asked (up to 3 distinct replies)": " · ".join(
+                "`" + t.replace("|", "/").replace("`", "'") + "`" for t in list(dict.fromkeys(asked))[:3]
+            ),
         }
 
     try:
