@@ -68,7 +68,8 @@ def write_output(name: str, figures: dict, argv: Sequence[str] | None = None, *,
 
 
 def cell(value: object) -> str:
-    """A figure as a table cell: thousands separators, at most 3 decimals, '–' for a missing one."""
+    """A figure as a table cell: thousands separators, at most 3 decimals, '–' for a missing one; a text's
+    pipes escaped and its line breaks shown as ⏎, so that it stays one cell."""
     if value is None or value == "":
         return "–"
     if isinstance(value, bool):
@@ -77,7 +78,7 @@ def cell(value: object) -> str:
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:,.3f}".rstrip("0").rstrip(".")
-    return str(value).replace("|", "\\|")
+    return str(value).replace("|", "\\|").replace("\n", " ⏎ ")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -59,6 +59,13 @@ def test_an_output_variant_renders_like_its_kind():
     assert renderer("plan") is None and renderer("nobody") is None
 
 
+def test_a_text_with_a_pipe_and_line_breaks_stays_one_cell_of_its_row():
+    text = outputs.rows_table({"rows": [{"reply": "North\n<search>a | b", "n": 1}]})
+    header, rule, row = text.split("\n")
+    assert row == "| North ⏎ <search>a \\| b | 1 |"
+    assert len(re.findall(r"(?<!\\)\|", row)) == len(re.findall(r"\|", header))
+
+
 def test_write_output_writes_figures_and_provenance_and_refreshes_the_block(tmp_path):
     doc = tmp_path / "docs" / "launches.md"
     doc.parent.mkdir()
