@@ -338,7 +338,8 @@ class ExperienceManager:
 
         Counted requests are served in turn, as if each came after the one before it: a pick demotes that
         entry for every later request (``retrieval.rerank_in_turn``, whatever the later request's text),
-        so a batch answers the same whichever threads fetched it, and a run replays exactly. Read-only
+        so a batch answers the same whichever threads fetched it, and a run replays exactly. Identical
+        requests, folded into one query, are served one after another at the first one's place. Read-only
         requests all get the ranking as it stands."""
         now = timezone.now()
         results, counts = [], defaultdict(int)
