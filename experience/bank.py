@@ -1,10 +1,11 @@
 """Writes to the bank, each one atomic and recorded as an ``ExperienceChange`` that can be undone.
 
 These functions are the single write path. Callers hold the run's writer lock (the live manager's, see
-``experience.manager.write_access``); inside, every write also takes a PostgreSQL advisory lock per run,
-so writers in other processes (the web app while a Celery worker trains) are serialised too. Usage and
-training counters are never written here: they change only through F() expressions, so a write never
-overwrites a concurrent counter update (rows are locked and saved with ``update_fields``).
+``experience.manager.write_access``); inside, every write also takes a PostgreSQL advisory lock per run (an
+import only at its end), so writers in other processes (the web app while a Celery worker trains) are
+serialised too. Usage and training counters are never written here: they change only through F()
+expressions, so a write never overwrites a concurrent counter update (rows are locked and saved with
+``update_fields``).
 """
 
 from __future__ import annotations
@@ -228,8 +229,8 @@ def add(
 
 @transaction.atomic
 def add_imported(run_id: int | None, entries: list[Experience], *, user=None) -> list[Experience]:
-    """New entries from an import (built by ``experience.transfer``), inserted and recorded in bulk."""
-    lock_bank(run_id)
+    """New entries from an import (built by ``experience.transfer``), inserted and recorded in bulk. New rows
+    conflict with no other writer: the import takes the bank's lock only at its end (``transfer.commit``)."""
     created = Experience.objects.bulk_create(entries)
     ExperienceChange.objects.bulk_create(
         ExperienceChange(experience=e, run_id=run_id, kind=Kind.IMPORT, actor=Actor.IMPORT, user=user,

@@ -8,7 +8,7 @@ Export → import → export gives the same lines. Imported lines are validated 
 An import is streamed in three passes over the file, with memory bounded by one batch: validate every
 line (a bad one rejects the import, naming each bad line), embed batches into staging rows
 (``ImportRow``, committed as they go, so progress shows), then add the staged rows to the bank in one
-transaction (all or nothing; the bank's writer lock is held only for this last pass).
+transaction (all or nothing; the bank's locks are held only at its end, so the run's own writes go on).
 """
 
 from __future__ import annotations
@@ -287,26 +287,42 @@ def stage(job: ImportJob, source: IO[AnyStr], embedder: Embedder, progress: Prog
     return n
 
 
-def commit(job: ImportJob, embedder: Embedder, *, capacity: int | None = None) -> int:
-    """Pass 3: add the staged rows to the job's bank in one transaction; returns how many."""
-    n = 0
+def commit(
+    job: ImportJob,
+    embedder: Embedder,
+    *,
+    capacity: int | None = None,
+    writing: Callable[[], AbstractContextManager] = nullcontext,
+) -> int:
+    """Pass 3: add the staged rows to the job's bank in one transaction; returns how many.
+
+    The rows go in without the bank's locks: new rows, seen by no one before the commit, conflict with no
+    other writer, so the run's merges, edits and searches go on while a large import writes. The locks
+    (``writing``, then ``bank.lock_bank``) are taken only for the end: eviction and the job's record."""
     with transaction.atomic():
-        last = 0
-        while batch := list(job.rows.filter(number__gt=last).order_by("number")[:COMMIT_CHUNK]):
-            last = batch[-1].number
-            entries = [
-                Experience(run_id=job.run_id, embedding=row.embedding, embedding_model=embedder.model_id,
-                           **row.fields)
-                for row in batch
-            ]  # fmt: skip
-            bank.add_imported(job.run_id, entries, user=job.user)
-            n += len(entries)
-        if capacity is not None:
-            bank.evict_over_capacity(job.run_id, capacity)
+        n = _insert_staged(job, embedder)
         job.rows.all().delete()
-        ImportJob.objects.filter(pk=job.pk).update(
-            status=ImportJob.Status.SUCCEEDED, entries=n, finished_at=timezone.now()
-        )
+        with writing():
+            bank.lock_bank(job.run_id)
+            if capacity is not None:
+                bank.evict_over_capacity(job.run_id, capacity)
+            ImportJob.objects.filter(pk=job.pk).update(
+                status=ImportJob.Status.SUCCEEDED, entries=n, finished_at=timezone.now()
+            )
+    return n
+
+
+def _insert_staged(job: ImportJob, embedder: Embedder) -> int:
+    n = last = 0
+    while batch := list(job.rows.filter(number__gt=last).order_by("number")[:COMMIT_CHUNK]):
+        last = batch[-1].number
+        entries = [
+            Experience(run_id=job.run_id, embedding=row.embedding, embedding_model=embedder.model_id,
+                       **row.fields)
+            for row in batch
+        ]  # fmt: skip
+        bank.add_imported(job.run_id, entries, user=job.user)
+        n += len(entries)
     return n
 
 
@@ -326,7 +342,7 @@ def run_job(
     marks the job failed with its message, removes the staged rows and is raised again; nothing changes. A
     cancel asked for before the final pass (checked at every progress report) ends it the same way, as
     cancelled, returning 0.
-    ``writing`` guards the final pass (the run's writer lock)."""
+    ``writing`` (the run's writer lock) guards the end of the final pass."""
 
     phase = {"status": None}
 
@@ -345,8 +361,7 @@ def run_job(
         source.seek(0)
         stage(job, source, embedder, progress)
         progress(ImportJob.Status.WRITING, lines)
-        with writing():
-            return commit(job, embedder, capacity=capacity)
+        return commit(job, embedder, capacity=capacity, writing=writing)
     except ImportCancelled:
         job.rows.all().delete()
         ImportJob.objects.filter(pk=job.pk).update(

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection, transaction
 from django.urls import reverse
 
 from experience import services, transfer
 from experience.bank import BankError
+from experience.manager import ExperienceManager
 from experience.models import Experience, ExperienceChange, ImportJob, ImportRow
 from experience.services import IMPORT_INLINE_MAX_BYTES
 from experience.tasks import import_bank
+from trainer.store import Add, MergeAction, MergePlan
 from webapp.celery import app
 
 pytestmark = pytest.mark.django_db
@@ -226,3 +231,70 @@ def test_the_bank_page_offers_cancel_while_an_import_runs(client, editor, run):
     assert ImportJob.objects.get(pk=job.pk).cancel_requested
     line = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
     assert "stopping…" in line and "import-cancel" not in line
+
+
+def _hold_staging_rows(job: ImportJob, held: threading.Event, release: threading.Event) -> None:
+    """Row-lock the job's staging rows in another connection, so the import's commit waits at their
+    removal: after it has inserted every entry, before it ends."""
+    try:
+        with transaction.atomic():
+            list(ImportRow.objects.select_for_update().filter(job=job))
+            held.set()
+            release.wait(60)
+    finally:
+        connection.close()
+
+
+def _wait_for_a_lock_wait(seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the import never reached its end")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_merge_applies_while_an_import_writes_its_entries_and_both_keep_everything(run, user, embedder):
+    with ExperienceManager(run.pk, embedder=embedder) as manager:
+        old = [
+            r.entry_id
+            for r in manager.apply(
+                [Add("MiniHack", f"Old {i}", f"Old lesson {i}.") for i in range(2)], step=0
+            )
+        ]
+        job = ImportJob.objects.create(run=run, user=user)
+        body = "".join(json.dumps(_record(i, embedder)) + "\n" for i in range(6))
+        transfer.stage(job, io.StringIO(body), embedder)
+        held, release, imported = threading.Event(), threading.Event(), []
+        holder = threading.Thread(target=_hold_staging_rows, args=(job, held, release))
+        holder.start()
+        assert held.wait(30)
+
+        def importing() -> None:
+            try:
+                imported.append(transfer.commit(job, embedder))
+            finally:
+                connection.close()
+
+        importer = threading.Thread(target=importing)
+        importer.start()
+        try:
+            _wait_for_a_lock_wait()  # the import has inserted its entries and waits, uncommitted
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '5s'")  # waiting for the import's end would fail here
+            merged = MergePlan((MergeAction("merge", tuple(old), "Old, merged", "Both old lessons."),))
+            report = manager.merge("MiniHack", lambda chunk: merged, step=1)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+            release.set()
+            holder.join(30)
+            importer.join(60)
+    assert (report.removed, report.created, report.stale) == (2, 1, 0)
+    assert imported == [6]
+    titles = sorted(Experience.objects.in_bank(run.pk).values_list("title", flat=True))
+    assert titles == sorted(["Old, merged"] + [f"Lesson {i}" for i in range(6)])
+    assert ExperienceChange.objects.filter(run=run, kind="import").count() == 6
