@@ -3,14 +3,22 @@ trains and a large bank import runs. Prints status codes, p50/p95/p99 latency pe
 outcomes, and the most PostgreSQL connections each kind of process held against its pool's bound.
 
     .venv/bin/python benchmarks/bench_load.py [--users 50] [--sockets-per-user 2] [--duration 120]
-                                              [--import-mb 50] [--no-training]
+                                              [--think 1 5 | --closed-loop] [--import-lines 100000]
+                                              [--import-mb 0] [--no-training]
+
+Two kinds of load (issue 49, point 4): users who think between requests (``--think LOW HIGH`` seconds, 1-5 as
+Locust's users do), and ``--closed-loop``: each user sends its next request as soon as the last one answered,
+which gives the server's throughput. The import is ``--import-lines`` lines without vectors (each one embedded
+by the worker; 100,000 lines take longer than the load, so it is on the box throughout and cancelled at the
+end) or an export of ``--import-mb`` MB, half of it with vectors. The output is ``load-think-<users>`` or
+``load-closed-<users>``.
 
 The product runs as ``manage.py up`` starts it (the uvicorn web server's ``STUDIO_WEB_PROCESSES`` processes, a
 ``training`` worker and a ``default`` worker for light work below the web server's CPU priority, each process
 with its role's connection pool, ``webapp/dbpool.py``) on a
 database of its own (``bench_load``, dropped at the end) and a Redis database of its own. Each user has a
 session of their own and a token; every user watches the training run (shared) on ``--sockets-per-user``
-sockets and, with a think time of 0.5-1.5 s, loads a page or calls the API. Requests are bounded in count and
+sockets and, after its think time, loads a page or calls the API. Requests are bounded in count and
 time and go to 127.0.0.1 only.
 """
 
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import re
@@ -150,8 +159,12 @@ class ConnectionSampler(threading.Thread):
 class Load:
     """The users' requests and sockets, and what came back."""
 
-    def __init__(self, base: str, run_id: int, users: list[dict], sockets_per_user: int) -> None:
+    def __init__(
+        self, base: str, run_id: int, users: list[dict], sockets_per_user: int, think: tuple[float, float]
+    ) -> None:
         self.base, self.run_id, self.users, self.sockets_per_user = base, run_id, users, sockets_per_user
+        self.think = think
+        self.busy_without_retry_after = 0
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.by_path: dict[str, list[float]] = defaultdict(list)
         self.status: dict[str, Counter] = defaultdict(Counter)
@@ -165,6 +178,8 @@ class Load:
             async with session.get(self.base + path.format(run=self.run_id), headers=headers) as answer:
                 await answer.read()
                 self.status[kind][answer.status] += 1
+                if answer.status == 503 and "Retry-After" not in answer.headers:
+                    self.busy_without_retry_after += 1
         except Exception as error:  # noqa: BLE001 - a failed request is a figure, not a crash
             self.status[kind][type(error).__name__] += 1
         self.latency[kind].append(time.monotonic() - started)
@@ -174,7 +189,8 @@ class Load:
         rng = random.Random(who["name"])
         cookie, bearer = {"Cookie": f"sessionid={who['cookie']}"}, {"Authorization": f"Bearer {who['token']}"}
         while time.monotonic() < until:
-            await asyncio.sleep(rng.uniform(0.5, 1.5))
+            if self.think[1] > 0:
+                await asyncio.sleep(rng.uniform(*self.think))
             if rng.random() < 0.5:
                 await self.request(session, "page", rng.choice(PAGES), cookie)
             else:
@@ -233,11 +249,31 @@ def _post_import_async(
     return thread
 
 
+def _lines_file(path: Path, n: int) -> int:
+    """``n`` export lines of a bank entry's usual size, without vectors (the worker embeds every one)."""
+    from bench_import_speed import make_lines
+
+    with path.open("w") as out:
+        for line in make_lines(n, seed=0):
+            out.write(json.dumps(line) + "\n")
+    return n
+
+
+def _wait_for_import(run_id: int, seconds: float = 600) -> None:
+    """Until the worker has started the import (it is then on the box for the whole load)."""
+    from experience.models import ImportJob
+
+    deadline = time.monotonic() + seconds
+    while not ImportJob.objects.filter(run_id=run_id, status__in=["embedding", "writing"]).exists():
+        assert time.monotonic() < deadline, f"the import did not start: {_import_outcome(run_id)}"
+        time.sleep(1)
+
+
 def _import_outcome(run_id: int) -> str:
     from experience.models import ImportJob
 
     job = ImportJob.objects.filter(run_id=run_id).order_by("-id").first()
-    return f"{job.status} {job.error[:200]}" if job else "no import job"
+    return f"{job.status}, {job.done:,} of {job.lines:,} lines {job.error[:200]}" if job else "no import job"
 
 
 def _start_product(port: int, env: dict[str, str], logs: Path) -> list[subprocess.Popen]:
@@ -281,6 +317,12 @@ def _ms(values: list[float], q: float) -> int | None:
 def _figures(load: Load, load_s: float, server_log: str, sampler: ConnectionSampler) -> dict:
     """What the run printed, for its output file: counts, latency percentiles (ms), errors, connections."""
     figures: dict = {"seconds of load": round(load_s)}
+    requests = sum(sum(codes.values()) for codes in load.status.values())
+    figures["requests/s"] = round(requests / load_s, 1)
+    codes = [code for by_code in load.status.values() for code, n in by_code.items() for _ in range(n)]
+    figures["5xx"] = sum(isinstance(code, int) and code >= 500 for code in codes)
+    figures["503 without Retry-After"] = load.busy_without_retry_after
+    figures["failed requests (no answer)"] = sum(not isinstance(code, int) for code in codes)
     for kind, name in (("page", "pages"), ("api", "API")):
         figures[f"{name} requests"] = sum(load.status[kind].values())
         figures[f"{name} not 200"] = sum(n for code, n in load.status[kind].items() if code != 200)
@@ -317,7 +359,13 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--sockets-per-user", type=int, default=2)
     parser.add_argument("--duration", type=float, default=120, help="seconds of load")
-    parser.add_argument("--import-mb", type=float, default=50)
+    parser.add_argument("--think", type=float, nargs=2, default=(1.0, 5.0), metavar=("LOW", "HIGH"),
+                        help="seconds a user waits between requests, drawn uniformly")  # fmt: skip
+    parser.add_argument("--closed-loop", action="store_true", help="no pause: the next request at once")
+    parser.add_argument("--import-lines", type=int, default=100_000, help="an import of lines to embed")
+    parser.add_argument(
+        "--import-mb", type=float, default=0, help="or an export of this size, half with vectors"
+    )
     parser.add_argument("--no-training", action="store_true", help="no training run beside the load")
     parser.add_argument("--keep", action="store_true", help="keep the bench database and logs")
     args = parser.parse_args()
@@ -342,7 +390,13 @@ def main() -> None:
     call_command("collectstatic", interactive=False, verbosity=0)
     users = _users(args.users)
     export = Path(tempfile.mkdtemp()) / "bank.jsonl"
-    lines = _export_file(export, args.import_mb, 384, DEFAULT_MODEL_ID) if args.import_mb else 0
+    outcome: dict = {}
+    if args.import_mb:
+        lines = _export_file(export, args.import_mb, 384, DEFAULT_MODEL_ID)
+    else:
+        lines = _lines_file(export, args.import_lines)
+    importing = bool(lines)
+    think = (0.0, 0.0) if args.closed_loop else tuple(args.think)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     logs = Path(tempfile.mkdtemp(prefix="bench-load-"))
@@ -360,16 +414,18 @@ def main() -> None:
                 assert time.monotonic() < deadline, f"the training run did not start: {_run_status(run_id)}"
                 time.sleep(1)
         sampler.start()
-        outcome: dict = {}
-        importer = _post_import_async(base, users, run_id, export, outcome) if args.import_mb else None
-        load = Load(base, run_id, users, args.sockets_per_user)
+        outcome["mb"] = export.stat().st_size / 1e6 if importing else 0.0
+        importer = _post_import_async(base, users, run_id, export, outcome) if importing else None
+        if importer:
+            _wait_for_import(run_id)
+        load = Load(base, run_id, users, args.sockets_per_user, think)
         started = time.monotonic()
         asyncio.run(load.run(args.duration))
         load_s = time.monotonic() - started
         if importer:
             importer.join(timeout=600)
         status, step = _run_status(run_id)
-        imported = _import_outcome(run_id) if args.import_mb else "none"
+        imported = _import_outcome(run_id) if importing else "none"
         sampler.stop.set()
         sampler.join()
     finally:
@@ -382,6 +438,7 @@ def main() -> None:
             _admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
             redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     server_log = (logs / "web.log").read_text()
+    export_mb = outcome.get("mb", 0.0)
     from django.conf import settings
 
     print(f"{args.users} users, {args.users * args.sockets_per_user} sockets, {load_s:.0f} s of load; "
@@ -390,7 +447,7 @@ def main() -> None:
     print(f"web server: {settings.STUDIO_WEB_PROCESSES} processes; light worker at nice "
           f"+{settings.STUDIO_LIGHT_WORK_NICE}")  # fmt: skip
     upload_s = outcome.get("upload_s", float("nan"))
-    print(f"import: {args.import_mb:g} MB ({lines} lines), upload {upload_s:.1f} s "
+    print(f"import: {export_mb:.1f} MB ({lines} lines), upload {upload_s:.1f} s "
           f"{outcome.get('error', '')}; job: {imported}")  # fmt: skip
     for kind in ("page", "api"):
         codes = ", ".join(f"{code}: {n}" for code, n in sorted(load.status[kind].items(), key=str))
@@ -406,8 +463,12 @@ def main() -> None:
         print(f"connections {name or '(unnamed)'}: peak {sampler.peak[name]}, bound {bounds.get(name, '-')}")
     print(f"connections to {DB_NAME} in all: peak {sampler.peak_total} (PostgreSQL allows 100)")
     training = "none" if args.no_training else f"{status}, at step {step}"
-    context = {"users": args.users, "load average before": load_before, "training run": training}
-    write_output("load", context | _figures(load, load_s, server_log, sampler))
+    kind = "closed loop (no pause)" if args.closed_loop else f"think {think[0]:g}-{think[1]:g} s"
+    importing_text = f"{lines:,} lines, {export_mb:.1f} MB: {imported}"
+    context = {"users": args.users, "load": kind, "load average before": load_before,
+               "training run": training, "import": importing_text}  # fmt: skip
+    name = f"load-{'closed' if args.closed_loop else 'think'}-{args.users}"
+    write_output(name, context | _figures(load, load_s, server_log, sampler))
     if args.keep:
         print(f"logs: {logs}")
     else:

@@ -138,6 +138,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "live-page": rows_table,
     "import-memory": scalars_table,
     "import-speed": scalars_table,
+    "import-merge": scalars_table,
+    "import-beside-training": scalars_table,
     "request-cost": rows_table,
     "engines": rows_table,
     "engine-costs": scalars_table,
