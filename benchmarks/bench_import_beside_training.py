@@ -2,21 +2,21 @@
 
 A grpo run of the cpu preset with small steps (2 tasks × 2 rollouts, no evaluation) trains in a subprocess at
 a training process's CPU priority (``STUDIO_TRAINING_NICE``), as the training worker starts it. In blocks of
-``--block-steps`` steps the box alternately holds nothing else and an import loop: a subprocess at the light
-worker's priority (``STUDIO_LIGHT_WORK_NICE``) importing ``--lines`` lines without vectors through
-``experience.services.experience_import`` (validate, embed, stage, write: a worker's path) again and again, on
-a database of its own (``bench_import_training``). A block's first step is not counted (it began in the other
-kind of block). Printed: the median step time (``time/step_s``) without and with the import, their ratio, and
-the import's lines/s beside training.
+``--block-steps`` steps the box holds, in turn, nothing else and an import loop for each ``--import-nice``: a
+subprocess at the light worker's priority (``STUDIO_LIGHT_WORK_NICE``) running the import task's work
+(``experience.services.import_job_run``: validate, embed at ``STUDIO_IMPORT_NICE``, stage, write) on a file of
+``--lines`` lines without vectors, again and again, on a database of its own (``bench_import_training``). A
+block's first step is not counted (it began in the block before). Printed: the median step time
+(``time/step_s``) without an import and with each, their ratios, and the import's lines/s beside training.
 
-    .venv/bin/python benchmarks/bench_import_beside_training.py                    # 3 blocks of each kind
-    .venv/bin/python benchmarks/bench_import_beside_training.py --blocks 1 --block-steps 2   # a quick look
+    .venv/bin/python benchmarks/bench_import_beside_training.py --import-nice 5 15   # before (the light
+                                                           # worker's +5) and now, 2 rounds of 3 blocks
+    .venv/bin/python benchmarks/bench_import_beside_training.py --rounds 1 --block-steps 2   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -39,31 +39,39 @@ DB_NAME = "bench_import_training"
 SMALL_STEPS = ["tasks_per_step=2", "k_rollouts=2", "eval_every=0"]
 
 
-def importer(lines: int) -> None:
-    """The import loop (``--importer``): import fresh lines until stopped; prints each import's seconds."""
+def importer(lines: int, nice: int) -> None:
+    """The import loop (``--importer``): the import task's work on fresh lines until stopped; prints each
+    import's seconds."""
     import django
 
     django.setup()
     from django.conf import settings
     from django.contrib.auth.models import User
 
-    from experience.services import experience_import
+    from experience.models import ImportJob
+    from experience.services import import_job_run
     from webapp.models import Run
 
     os.nice(settings.STUDIO_LIGHT_WORK_NICE)
+    settings.STUDIO_IMPORT_NICE = nice
     user = User.objects.get(username="bench")
     run = Run.objects.get(name="bench import beside training")
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     round_ = 0
-    while not stop["now"]:
-        source = io.StringIO(
-            "".join(json.dumps(line) + "\n" for line in make_lines(lines, seed=1000 + round_))
-        )
-        began = time.perf_counter()
-        experience_import(run, source, user=user, file_name="bench.jsonl")
-        print(json.dumps({"lines": lines, "s": time.perf_counter() - began}), flush=True)
-        round_ += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        while not stop["now"]:
+            path = Path(tmp) / f"import-{round_}.jsonl"
+            path.write_text(
+                "".join(json.dumps(line) + "\n" for line in make_lines(lines, seed=1000 + round_))
+            )
+            job = ImportJob.objects.create(run=run, user=user, path=str(path), file_name=path.name)
+            began = time.perf_counter()
+            status = import_job_run(job.pk)
+            print(
+                json.dumps({"lines": lines, "s": time.perf_counter() - began, "status": status}), flush=True
+            )
+            round_ += 1
 
 
 def start_training(folder: Path, nice: int) -> subprocess.Popen:
@@ -96,15 +104,20 @@ def wait_steps(folder: Path, training: subprocess.Popen, n: int, timeout: float 
     return steps(folder)[have : have + n]
 
 
+def _seconds(rows: list[dict]) -> list[float]:
+    return [round(r["time/step_s"], 1) for r in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=3, help="blocks of each kind, alternated")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of blocks: none, then each nice")
+    parser.add_argument("--import-nice", type=int, nargs="+", help="import priorities [STUDIO_IMPORT_NICE]")
     parser.add_argument("--block-steps", type=int, default=4, help="steps a block; the first is not counted")
     parser.add_argument("--lines", type=int, default=1000, help="lines an import of the loop holds")
     parser.add_argument("--importer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.importer:
-        return importer(args.lines)
+        return importer(args.lines, args.import_nice[0])
 
     with throwaway_database(DB_NAME), tempfile.TemporaryDirectory() as tmp:
         from django.conf import settings
@@ -119,44 +132,56 @@ def main() -> None:
         folder = Path(tmp)
         training = start_training(folder, settings.STUDIO_TRAINING_NICE)
         child_env = os.environ | {"STUDIO_DB_NAME": DB_NAME}
-        quiet, busy, imports = [], [], []
+        nices = args.import_nice or [settings.STUDIO_IMPORT_NICE]
+        quiet: list[dict] = []
+        beside: dict[int, list[dict]] = {n: [] for n in nices}
+        imports: dict[int, list[dict]] = {n: [] for n in nices}
         try:
             wait_steps(folder, training, 1)  # past its first step: models loaded, engine warm
-            for block in range(args.blocks):
+            for r in range(args.rounds):
                 quiet += wait_steps(folder, training, args.block_steps)[1:]
-                log = folder / f"import-{block}.log"
-                command = [sys.executable, __file__, "--importer", "--lines", str(args.lines)]
-                loop = subprocess.Popen(
-                    command, cwd=REPO, env=child_env, stdout=log.open("w"), stderr=subprocess.STDOUT
-                )
-                try:
-                    busy += wait_steps(folder, training, args.block_steps)[1:]
-                finally:
-                    loop.terminate()
-                    loop.wait(timeout=600)
-                imports += [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-                print(f"block {block + 1}: without {[round(r['time/step_s'], 1) for r in quiet]}, "
-                      f"with {[round(r['time/step_s'], 1) for r in busy]}", flush=True)  # fmt: skip
+                for nice in nices:
+                    log = folder / f"import-{r}-{nice}.log"
+                    command = [sys.executable, __file__, "--importer", "--lines", str(args.lines),
+                               "--import-nice", str(nice)]  # fmt: skip
+                    loop = subprocess.Popen(command, cwd=REPO, env=child_env, stdout=log.open("w"),
+                                            stderr=subprocess.STDOUT)  # fmt: skip
+                    try:
+                        beside[nice] += wait_steps(folder, training, args.block_steps)[1:]
+                    finally:
+                        loop.terminate()
+                        loop.wait(timeout=600)
+                    imports[nice] += [
+                        json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")
+                    ]
+                withs = ", ".join(f"import at +{n}: {_seconds(beside[n])}" for n in nices)
+                print(f"round {r + 1}: without {_seconds(quiet)}, {withs}", flush=True)
         finally:
             training.terminate()
             training.wait(timeout=120)
 
     without = statistics.median(r["time/step_s"] for r in quiet)
-    beside = statistics.median(r["time/step_s"] for r in busy)
     figures = {
         "training": "grpo, cpu preset, 2 tasks × 2 rollouts a step",
-        "nice of training / import": f"+{settings.STUDIO_TRAINING_NICE} / +{settings.STUDIO_LIGHT_WORK_NICE}",
-        "steps counted without / with": f"{len(quiet)} / {len(busy)}",
-        "step s without the import (median)": round(without, 1),
-        "step s with the import (median)": round(beside, 1),
-        "with / without": round(beside / without, 2),
-        "imports finished beside training": len(imports),
-        "import lines/s beside training (median)": (
-            round(statistics.median(i["lines"] / i["s"] for i in imports), 1) if imports else None
+        "nice of training / light worker": (
+            f"+{settings.STUDIO_TRAINING_NICE} / +{settings.STUDIO_LIGHT_WORK_NICE}"
         ),
-        "step s without": [round(r["time/step_s"], 1) for r in quiet],
-        "step s with": [round(r["time/step_s"], 1) for r in busy],
+        "step s without an import (median)": round(without, 1),
+        "steps counted without": len(quiet),
     }
+    for nice in nices:
+        with_import = statistics.median(r["time/step_s"] for r in beside[nice])
+        done = [i for i in imports[nice] if i["status"] == "succeeded"]
+        figures |= {
+            f"step s with an import at +{nice} (median)": round(with_import, 1),
+            f"with / without, import at +{nice}": round(with_import / without, 2),
+            f"imports finished at +{nice}": len(done),
+            f"import lines/s at +{nice} (median)": (
+                round(statistics.median(i["lines"] / i["s"] for i in done), 1) if done else None
+            ),
+            f"step s with an import at +{nice}": _seconds(beside[nice]),
+        }
+    figures["step s without"] = _seconds(quiet)
     print(json.dumps(figures, indent=1))
     write_output("import-beside-training", figures)
 

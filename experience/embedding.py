@@ -10,6 +10,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,36 @@ class Embedder:
     def hit_rate(self) -> float:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
+
+
+class LowPriorityEmbedder:
+    """``inner``'s ``embed`` on a thread of its own at CPU priority ``nice`` (absolute; never above the
+    caller's), its other attributes as they are. torch's OpenMP makes a team of compute threads for each
+    thread that calls it, at that thread's priority, so the whole forward pass runs there while the caller
+    (and its database work) keeps its own. Use as a context manager: the thread and its team end with it."""
+
+    def __init__(self, inner: Embedder, nice: int) -> None:
+        self.inner = inner
+        self._thread = ThreadPoolExecutor(
+            1, "embed-low-priority", initializer=_lower_priority, initargs=(nice,)
+        )
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def embed(self, texts: list[str], *, cache: bool = True) -> np.ndarray:
+        return self._thread.submit(self.inner.embed, texts, cache=cache).result()
+
+    def __enter__(self) -> LowPriorityEmbedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.shutdown()
+
+
+def _lower_priority(nice: int) -> None:
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
 
 
 _default: Embedder | None = None

@@ -22,7 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from experience import bank, transfer
-from experience.embedding import Embedder, default_embedder
+from experience.embedding import Embedder, LowPriorityEmbedder, default_embedder
 from experience.manager import live_manager, write_access
 from experience.models import Experience, ExperienceChange, ImportJob, Merge
 
@@ -134,10 +134,10 @@ def _file_size(source: IO) -> int:
     return end
 
 
-def _run_import(job: ImportJob, source: IO) -> int:
+def _run_import(job: ImportJob, source: IO, embedder: Embedder | None = None) -> int:
     manager = live_manager(job.run_id)
     return transfer.run_job(
-        job, source, _embedder(job.run_id), capacity=manager.capacity if manager else None,
+        job, source, embedder or _embedder(job.run_id), capacity=manager.capacity if manager else None,
         writing=lambda: write_access(job.run_id),
     )  # fmt: skip
 
@@ -193,8 +193,11 @@ def import_job_run(job_id: int) -> str:
     job.rows.all().delete()  # staged by a worker that died
     path = Path(job.path)
     try:
-        with path.open("rb") as source:
-            _run_import(job, source)
+        with (
+            path.open("rb") as source,
+            LowPriorityEmbedder(_embedder(job.run_id), settings.STUDIO_IMPORT_NICE) as e,
+        ):
+            _run_import(job, source, e)
     except OSError as err:
         job.mark_failed(f"the uploaded file could not be read ({err}); upload it again")
     except Exception:  # noqa: BLE001 - run_job has marked the job failed with the message

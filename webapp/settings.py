@@ -204,8 +204,13 @@ STUDIO_LIGHT_WORKER_CONCURRENCY = int(os.environ.get("STUDIO_LIGHT_WORKER_CONCUR
 """Light tasks (queue ``default``) the second worker of ``manage.py up`` runs at once, beside the runs."""
 STUDIO_LIGHT_WORK_NICE = int(os.environ.get("STUDIO_LIGHT_WORK_NICE", "5"))
 """How much lower than the web server's the CPU priority of the light worker of ``manage.py up`` is (``nice``;
-0: the same): a bank import embeds on every core it finds, and pages must not wait for it. Between the web
-server's and training's (``STUDIO_TRAINING_NICE``), so no run holds an import back either."""
+0: the same): its exports and previews must not hold pages back, nor a run hold them back (between the web
+server's and training's, ``STUDIO_TRAINING_NICE``). A queued import's work runs lower still
+(``STUDIO_IMPORT_NICE``)."""
+STUDIO_IMPORT_NICE = int(os.environ.get("STUDIO_IMPORT_NICE", "15"))
+"""The CPU priority (``nice``, absolute) of a queued bank import's work in the light worker, above a training
+process's (its worker's + ``STUDIO_TRAINING_NICE``): an import beside a run takes the CPU the run leaves
+(measured by ``benchmarks/bench_import_beside_training.py``); on an idle machine it has every core."""
 STUDIO_WEB_PROCESSES = int(os.environ.get("STUDIO_WEB_PROCESSES", "2"))
 """Web-server processes ``manage.py up`` starts (uvicorn ``--workers``; they share the port). One process runs
 Python on one core at a time: on a 2-core machine one saturated at ~24 requests/s under the load benchmark.

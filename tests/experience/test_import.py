@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -298,3 +299,27 @@ def test_a_merge_applies_while_an_import_writes_its_entries_and_both_keep_everyt
     titles = sorted(Experience.objects.in_bank(run.pk).values_list("title", flat=True))
     assert titles == sorted(["Old, merged"] + [f"Lesson {i}" for i in range(6)])
     assert ExperienceChange.objects.filter(run=run, kind="import").count() == 6
+
+
+def test_a_queued_import_embeds_below_a_training_run_and_the_worker_keeps_its_priority(
+    run, user, embedder, monkeypatch, tmp_path, settings
+):
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen, embed = [], embedder.embed
+
+    def recording(texts, **options):
+        seen.append(priority())
+        return embed(texts, **options)
+
+    monkeypatch.setattr(embedder, "embed", recording)
+    settings.STUDIO_IMPORT_NICE = 15
+    before = priority()
+    path = tmp_path / "queued.jsonl"
+    path.write_text("".join(json.dumps(_record(i)) + "\n" for i in range(5)))
+    job = ImportJob.objects.create(run=run, user=user, path=str(path), file_name="queued.jsonl")
+    assert import_bank(job.id) == "succeeded"
+    assert Experience.objects.in_bank(run.pk).count() == 5
+    assert seen and set(seen) == {max(15, before)}  # below a training process (+10)
+    assert priority() == before
