@@ -2,15 +2,18 @@
 
 A grpo run of the cpu preset with small steps (2 tasks × 2 rollouts, no evaluation) trains in a subprocess at
 a training process's CPU priority (``STUDIO_TRAINING_NICE``), as the training worker starts it. In blocks of
-``--block-steps`` steps the box holds, in turn, nothing else and an import loop for each ``--import-nice``: a
+``--block-steps`` steps the box holds, in turn, nothing else and an import loop for each ``--import-at``: a
 subprocess at the light worker's priority (``STUDIO_LIGHT_WORK_NICE``) running the import task's work
-(``experience.services.import_job_run``: validate, embed at ``STUDIO_IMPORT_NICE``, stage, write) on a file of
+(``experience.services.import_job_run``: validate, embed at that priority, stage, write) on a file of
 ``--lines`` lines without vectors, again and again, on a database of its own (``bench_import_training``). A
 block's first step is not counted (it began in the block before). Printed: the median step time
 (``time/step_s``) without an import and with each, their ratios, and the import's lines/s beside training.
+A priority is a nice value, ``15``, or one under ``SCHED_IDLE`` too, ``15-idle`` (the product's:
+``STUDIO_IMPORT_NICE``, ``STUDIO_IMPORT_IDLE``). The output is ``import-beside-training``, or
+``import-beside-training-at-<priorities>`` for others.
 
-    .venv/bin/python benchmarks/bench_import_beside_training.py --import-nice 5 15   # before (the light
-                                                           # worker's +5) and now, 2 rounds of 3 blocks
+    .venv/bin/python benchmarks/bench_import_beside_training.py --rounds 3 --block-steps 3  # the product's
+    .venv/bin/python benchmarks/bench_import_beside_training.py --import-at 15 15-idle   # nice alone too
     .venv/bin/python benchmarks/bench_import_beside_training.py --rounds 1 --block-steps 2   # a quick look
 """
 
@@ -39,7 +42,7 @@ DB_NAME = "bench_import_training"
 SMALL_STEPS = ["tasks_per_step=2", "k_rollouts=2", "eval_every=0"]
 
 
-def importer(lines: int, nice: int) -> None:
+def importer(lines: int, at: str) -> None:
     """The import loop (``--importer``): the import task's work on fresh lines until stopped; prints each
     import's seconds."""
     import django
@@ -53,7 +56,8 @@ def importer(lines: int, nice: int) -> None:
     from webapp.models import Run
 
     os.nice(settings.STUDIO_LIGHT_WORK_NICE)
-    settings.STUDIO_IMPORT_NICE = nice
+    nice, _, idle = at.partition("-")
+    settings.STUDIO_IMPORT_NICE, settings.STUDIO_IMPORT_IDLE = int(nice), idle == "idle"
     user = User.objects.get(username="bench")
     run = Run.objects.get(name="bench import beside training")
     stop = {"now": False}
@@ -104,20 +108,54 @@ def wait_steps(folder: Path, training: subprocess.Popen, n: int, timeout: float 
     return steps(folder)[have : have + n]
 
 
+def _last_job_id() -> int:
+    from experience.models import ImportJob
+
+    return ImportJob.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def _lines_embedded_since(job_id: int) -> int:
+    """Lines the imports begun after ``job_id`` have embedded (``done`` while embedding, all once past it)."""
+    from experience.models import ImportJob
+
+    total = 0
+    for job in ImportJob.objects.filter(id__gt=job_id):
+        if job.status in (ImportJob.Status.EMBEDDING,):
+            total += job.done
+        elif job.status in (ImportJob.Status.WRITING, ImportJob.Status.SUCCEEDED):
+            total += job.lines
+    return total
+
+
+def _stop(loop: subprocess.Popen) -> None:
+    """Ask the import loop to stop after its import; kill it if that import does not end within a minute."""
+    loop.terminate()
+    try:
+        loop.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        loop.kill()
+        loop.wait()
+
+
+def _label(at: str) -> str:
+    nice, _, idle = at.partition("-")
+    return f"+{nice}" + (" and SCHED_IDLE" if idle else "")
+
+
 def _seconds(rows: list[dict]) -> list[float]:
     return [round(r["time/step_s"], 1) for r in rows]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of blocks: none, then each nice")
-    parser.add_argument("--import-nice", type=int, nargs="+", help="import priorities [STUDIO_IMPORT_NICE]")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of blocks: none, then each priority")
+    parser.add_argument("--import-at", nargs="+", help="import priorities: 15, 15-idle [the product's]")
     parser.add_argument("--block-steps", type=int, default=4, help="steps a block; the first is not counted")
     parser.add_argument("--lines", type=int, default=1000, help="lines an import of the loop holds")
     parser.add_argument("--importer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.importer:
-        return importer(args.lines, args.import_nice[0])
+        return importer(args.lines, args.import_at[0])
 
     with throwaway_database(DB_NAME), tempfile.TemporaryDirectory() as tmp:
         from django.conf import settings
@@ -132,10 +170,12 @@ def main() -> None:
         folder = Path(tmp)
         training = start_training(folder, settings.STUDIO_TRAINING_NICE)
         child_env = os.environ | {"STUDIO_DB_NAME": DB_NAME}
-        nices = args.import_nice or [settings.STUDIO_IMPORT_NICE]
+        product = [f"{settings.STUDIO_IMPORT_NICE}" + ("-idle" if settings.STUDIO_IMPORT_IDLE else "")]
+        nices = args.import_at or product
         quiet: list[dict] = []
-        beside: dict[int, list[dict]] = {n: [] for n in nices}
-        imports: dict[int, list[dict]] = {n: [] for n in nices}
+        beside: dict[str, list[dict]] = {n: [] for n in nices}
+        imports: dict[str, list[dict]] = {n: [] for n in nices}
+        embedded: dict[str, tuple] = {n: () for n in nices}
         try:
             wait_steps(folder, training, 1)  # past its first step: models loaded, engine warm
             for r in range(args.rounds):
@@ -143,18 +183,19 @@ def main() -> None:
                 for nice in nices:
                     log = folder / f"import-{r}-{nice}.log"
                     command = [sys.executable, __file__, "--importer", "--lines", str(args.lines),
-                               "--import-nice", str(nice)]  # fmt: skip
+                               "--import-at", nice]  # fmt: skip
                     loop = subprocess.Popen(command, cwd=REPO, env=child_env, stdout=log.open("w"),
                                             stderr=subprocess.STDOUT)  # fmt: skip
+                    began, first_job = time.monotonic(), _last_job_id()
                     try:
                         beside[nice] += wait_steps(folder, training, args.block_steps)[1:]
                     finally:
-                        loop.terminate()
-                        loop.wait(timeout=600)
+                        embedded[nice] += (_lines_embedded_since(first_job), time.monotonic() - began)
+                        _stop(loop)
                     imports[nice] += [
                         json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")
                     ]
-                withs = ", ".join(f"import at +{n}: {_seconds(beside[n])}" for n in nices)
+                withs = ", ".join(f"import at {_label(n)}: {_seconds(beside[n])}" for n in nices)
                 print(f"round {r + 1}: without {_seconds(quiet)}, {withs}", flush=True)
         finally:
             training.terminate()
@@ -173,17 +214,20 @@ def main() -> None:
         with_import = statistics.median(r["time/step_s"] for r in beside[nice])
         done = [i for i in imports[nice] if i["status"] == "succeeded"]
         figures |= {
-            f"step s with an import at +{nice} (median)": round(with_import, 1),
-            f"with / without, import at +{nice}": round(with_import / without, 2),
-            f"imports finished at +{nice}": len(done),
-            f"import lines/s at +{nice} (median)": (
+            f"step s with an import at {_label(nice)} (median)": round(with_import, 1),
+            f"with / without, import at {_label(nice)}": round(with_import / without, 2),
+            f"imports finished at {_label(nice)}": len(done),
+            f"lines embedded a second during the blocks at {_label(nice)}": round(
+                sum(embedded[nice][0::2]) / sum(embedded[nice][1::2]), 1
+            ),
+            f"import lines/s at {_label(nice)} (median)": (
                 round(statistics.median(i["lines"] / i["s"] for i in done), 1) if done else None
             ),
-            f"step s with an import at +{nice}": _seconds(beside[nice]),
+            f"step s with an import at {_label(nice)}": _seconds(beside[nice]),
         }
     figures["step s without"] = _seconds(quiet)
     print(json.dumps(figures, indent=1))
-    write_output("import-beside-training", figures)
+    write_output("import-beside-training" + ("" if nices == product else "-at-" + "-".join(nices)), figures)
 
 
 if __name__ == "__main__":

@@ -98,14 +98,15 @@ class Embedder:
 
 class LowPriorityEmbedder:
     """``inner``'s ``embed`` on a thread of its own at CPU priority ``nice`` (absolute; never above the
-    caller's), its other attributes as they are. torch's OpenMP makes a team of compute threads for each
-    thread that calls it, at that thread's priority, so the whole forward pass runs there while the caller
-    (and its database work) keeps its own. Use as a context manager: the thread and its team end with it."""
+    caller's) and, with ``idle``, under Linux's ``SCHED_IDLE`` (a core only when nothing else wants it); its
+    other attributes as they are. torch's OpenMP makes a team of compute threads for each thread that calls
+    it, with that thread's priority and policy, so the whole forward pass runs there while the caller (and its
+    database work) keeps its own. Use as a context manager: the thread and its team end with it."""
 
-    def __init__(self, inner: Embedder, nice: int) -> None:
+    def __init__(self, inner: Embedder, nice: int, *, idle: bool = False) -> None:
         self.inner = inner
         self._thread = ThreadPoolExecutor(
-            1, "embed-low-priority", initializer=_lower_priority, initargs=(nice,)
+            1, "embed-low-priority", initializer=_lower_priority, initargs=(nice, idle)
         )
 
     def __getattr__(self, name: str):
@@ -121,9 +122,11 @@ class LowPriorityEmbedder:
         self._thread.shutdown()
 
 
-def _lower_priority(nice: int) -> None:
+def _lower_priority(nice: int, idle: bool) -> None:
     tid = threading.get_native_id()
     os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+    if idle and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 _default: Embedder | None = None

@@ -195,7 +195,9 @@ def import_job_run(job_id: int) -> str:
     try:
         with (
             path.open("rb") as source,
-            LowPriorityEmbedder(_embedder(job.run_id), settings.STUDIO_IMPORT_NICE) as e,
+            LowPriorityEmbedder(
+                _embedder(job.run_id), settings.STUDIO_IMPORT_NICE, idle=settings.STUDIO_IMPORT_IDLE
+            ) as e,
         ):
             _run_import(job, source, e)
     except OSError as err:

@@ -211,6 +211,10 @@ STUDIO_IMPORT_NICE = int(os.environ.get("STUDIO_IMPORT_NICE", "15"))
 """The CPU priority (``nice``, absolute) of a queued bank import's work in the light worker, above a training
 process's (its worker's + ``STUDIO_TRAINING_NICE``): an import beside a run takes the CPU the run leaves
 (measured by ``benchmarks/bench_import_beside_training.py``); on an idle machine it has every core."""
+STUDIO_IMPORT_IDLE = os.environ.get("STUDIO_IMPORT_IDLE", "1") not in ("0", "false", "no", "")
+"""Whether a queued import's work also runs under Linux's ``SCHED_IDLE`` policy: a core only when nothing else
+wants it. A nice value alone still gave the import a share of each core beside a run, and a training step's
+threads wait for the slowest of them: at nice 19 its steps took 1.3× as long."""
 STUDIO_WEB_PROCESSES = int(os.environ.get("STUDIO_WEB_PROCESSES", "2"))
 """Web-server processes ``manage.py up`` starts (uvicorn ``--workers``; they share the port). One process runs
 Python on one core at a time: on a 2-core machine one saturated at ~24 requests/s under the load benchmark.
