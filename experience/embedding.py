@@ -101,10 +101,22 @@ class LowPriorityEmbedder:
     caller's) and, with ``idle``, under Linux's ``SCHED_IDLE`` (a core only when nothing else wants it); its
     other attributes as they are. torch's OpenMP makes a team of compute threads for each thread that calls
     it, with that thread's priority and policy, so the whole forward pass runs there while the caller (and its
-    database work) keeps its own. Use as a context manager: the thread and its team end with it."""
+    database work) keeps its own. Use as a context manager: the thread and its team end with it.
 
-    def __init__(self, inner: Embedder, nice: int, *, idle: bool = False) -> None:
-        self.inner = inner
+    A batch at low priority may wait long for a core: while it does, the caller runs ``heartbeat`` every
+    ``every_s`` seconds (an import says it is alive and checks for a cancel; what it raises ends the wait, and
+    the batch's result is dropped)."""
+
+    def __init__(
+        self,
+        inner: Embedder,
+        nice: int,
+        *,
+        idle: bool = False,
+        heartbeat: Callable[[], None] | None = None,
+        every_s: float = 30.0,
+    ) -> None:
+        self.inner, self.heartbeat, self.every_s = inner, heartbeat, every_s
         self._thread = ThreadPoolExecutor(
             1, "embed-low-priority", initializer=_lower_priority, initargs=(nice, idle)
         )
@@ -113,13 +125,19 @@ class LowPriorityEmbedder:
         return getattr(self.inner, name)
 
     def embed(self, texts: list[str], *, cache: bool = True) -> np.ndarray:
-        return self._thread.submit(self.inner.embed, texts, cache=cache).result()
+        batch = self._thread.submit(self.inner.embed, texts, cache=cache)
+        while True:
+            try:
+                return batch.result(timeout=self.every_s)
+            except TimeoutError:
+                if self.heartbeat is not None:
+                    self.heartbeat()
 
     def __enter__(self) -> LowPriorityEmbedder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._thread.shutdown()
+        self._thread.shutdown(wait=False, cancel_futures=True)  # a dropped batch, waiting for a core, ends alone
 
 
 def _lower_priority(nice: int, idle: bool) -> None:

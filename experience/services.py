@@ -196,7 +196,11 @@ def import_job_run(job_id: int) -> str:
         with (
             path.open("rb") as source,
             LowPriorityEmbedder(
-                _embedder(job.run_id), settings.STUDIO_IMPORT_NICE, idle=settings.STUDIO_IMPORT_IDLE
+                _embedder(job.run_id),
+                settings.STUDIO_IMPORT_NICE,
+                idle=settings.STUDIO_IMPORT_IDLE,
+                heartbeat=lambda: _still_importing(job),
+                every_s=settings.STUDIO_IMPORT_HEARTBEAT_S,
             ) as e,
         ):
             _run_import(job, source, e)
@@ -210,9 +214,18 @@ def import_job_run(job_id: int) -> str:
     return ImportJob.objects.get(pk=job_id).status
 
 
+def _still_importing(job: ImportJob) -> None:
+    """While a batch waits for a core: the job is alive (so no redelivered task takes it over as silent), and
+    a cancel asked for meanwhile ends it now."""
+    ImportJob.objects.filter(pk=job.pk).update(updated_at=timezone.now())
+    if ImportJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+        raise transfer.ImportCancelled
+
+
 def import_job_cancel(job: ImportJob) -> str:
     """Ask an import to stop, importing nothing: a queued one ends now (its file removed); one being
-    validated or embedded stops at its next progress report (within a batch of lines). ``BankError`` when it
+    validated or embedded stops at its next progress report (within a batch of lines, or within
+    ``STUDIO_IMPORT_HEARTBEAT_S`` while a batch waits for a core). ``BankError`` when it
     has ended or is already writing its entries (a single transaction of seconds). Returns what happened."""
     queued = ImportJob.objects.filter(pk=job.pk, status=ImportJob.Status.QUEUED)
     if queued.update(status=ImportJob.Status.CANCELLED, finished_at=timezone.now()):

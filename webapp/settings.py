@@ -215,6 +215,8 @@ STUDIO_IMPORT_IDLE = os.environ.get("STUDIO_IMPORT_IDLE", "1") not in ("0", "fal
 """Whether a queued import's work also runs under Linux's ``SCHED_IDLE`` policy: a core only when nothing else
 wants it. A nice value alone still gave the import a share of each core beside a run, and a training step's
 threads wait for the slowest of them: at nice 19 its steps took 1.3× as long."""
+STUDIO_IMPORT_HEARTBEAT_S = float(os.environ.get("STUDIO_IMPORT_HEARTBEAT_S", "30"))
+"""While an import's batch waits for a core, how often it says it is alive and looks for a cancel."""
 STUDIO_WEB_PROCESSES = int(os.environ.get("STUDIO_WEB_PROCESSES", "2"))
 """Web-server processes ``manage.py up`` starts (uvicorn ``--workers``; they share the port). One process runs
 Python on one core at a time: on a 2-core machine one saturated at ~24 requests/s under the load benchmark.

@@ -325,3 +325,35 @@ def test_a_queued_import_embeds_below_a_training_run_and_the_worker_keeps_its_pr
     # below a training process (+10), and only when nothing else wants the core
     assert seen and set(seen) == {(max(15, before[0]), os.SCHED_IDLE)}
     assert priority() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_import_waiting_for_a_core_stays_alive_and_stops_when_cancelled(
+    run, user, embedder, monkeypatch, tmp_path, settings
+):
+    """A batch at SCHED_IDLE may wait long beside a busy run: the job keeps saying it is alive (no takeover
+    as silent), and a cancel asked for meanwhile ends it without waiting for the batch."""
+    settings.STUDIO_IMPORT_HEARTBEAT_S = 0.05
+    path = tmp_path / "queued.jsonl"
+    path.write_text("".join(json.dumps(_record(i)) + "\n" for i in range(5)))
+    job = ImportJob.objects.create(run=run, user=user, path=str(path), file_name="queued.jsonl")
+    beats, embed, release = [], embedder.embed, threading.Event()
+
+    def starved(texts, **options):  # a batch that gets no core until the test releases it
+        ImportJob.objects.filter(pk=job.pk).update(updated_at=job.created_at)  # silent, as seen from outside
+        beats.append(ImportJob.objects.get(pk=job.pk).updated_at)
+        ImportJob.objects.filter(pk=job.pk).update(cancel_requested=True)
+        connection.close()
+        release.wait(30)
+        return embed(texts, **options)
+
+    monkeypatch.setattr(embedder, "embed", starved)
+    began = time.monotonic()
+    try:
+        assert import_bank(job.id) == "cancelled"
+        assert time.monotonic() - began < 15  # not after the batch (it waits 30 s for a core here)
+    finally:
+        release.set()
+    job.refresh_from_db()
+    assert job.updated_at > beats[0]  # the wait said it was alive
+    assert not Experience.objects.filter(run=run).exists() and not ImportRow.objects.exists()
