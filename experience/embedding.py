@@ -137,7 +137,7 @@ class LowPriorityEmbedder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)  # a dropped batch, waiting for a core, ends alone
+        self._thread.shutdown(wait=False, cancel_futures=True)  # a dropped batch ends alone
 
 
 def _lower_priority(nice: int, idle: bool) -> None:
