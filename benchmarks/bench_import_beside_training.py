@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-from benchmarks.bench_import_speed import make_lines  # noqa: E402
+from benchmarks.bench_import_speed import make_lines, start_training  # noqa: E402
 from benchmarks.outputs import write_output  # noqa: E402
 from benchmarks.throwaway_db import throwaway_database  # noqa: E402
 
@@ -78,17 +78,6 @@ def importer(lines: int, at: str) -> None:
             round_ += 1
 
 
-def start_training(folder: Path, nice: int) -> subprocess.Popen:
-    out = folder / "run"
-    overrides = [arg for kv in SMALL_STEPS for arg in ("--set", kv)]
-    command = [sys.executable, "-m", "trainer.train", "--config", "cpu", "--method", "grpo",
-               "--steps", "10000", "--out", str(out), *overrides]  # fmt: skip
-    log = (folder / "train.log").open("w")
-    return subprocess.Popen(
-        command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(nice)
-    )
-
-
 def steps(folder: Path) -> list[dict]:
     path = folder / "run" / "metrics.jsonl"
     if not path.exists():
@@ -120,7 +109,7 @@ def _lines_embedded_since(job_id: int) -> int:
 
     total = 0
     for job in ImportJob.objects.filter(id__gt=job_id):
-        if job.status in (ImportJob.Status.EMBEDDING,):
+        if job.status == ImportJob.Status.EMBEDDING:
             total += job.done
         elif job.status in (ImportJob.Status.WRITING, ImportJob.Status.SUCCEEDED):
             total += job.lines
@@ -168,7 +157,7 @@ def main() -> None:
             name="bench import beside training", owner=user, method="grpo", env="MiniHack-Room-5x5"
         )
         folder = Path(tmp)
-        training = start_training(folder, settings.STUDIO_TRAINING_NICE)
+        training = start_training(folder, overrides=SMALL_STEPS, nice=settings.STUDIO_TRAINING_NICE)
         child_env = os.environ | {"STUDIO_DB_NAME": DB_NAME}
         product = [f"{settings.STUDIO_IMPORT_NICE}" + ("-idle" if settings.STUDIO_IMPORT_IDLE else "")]
         nices = args.import_at or product
@@ -177,7 +166,6 @@ def main() -> None:
         imports: dict[str, list[dict]] = {n: [] for n in nices}
         embedded: dict[str, tuple] = {n: () for n in nices}
         try:
-            wait_steps(folder, training, 1)  # past its first step: models loaded, engine warm
             for r in range(args.rounds):
                 quiet += wait_steps(folder, training, args.block_steps)[1:]
                 for nice in nices:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,14 +74,18 @@ def time_import(run, user, lines: list[dict]) -> float:
     return took
 
 
-def start_training(folder: Path) -> subprocess.Popen:
-    """A grpo run of the cpu preset on this repository's default model, in a subprocess; returns once it is
-    past its first evaluation (its first metrics row), so that the rounds run beside its rollouts."""
+def start_training(folder: Path, *, overrides: Sequence[str] = (), nice: int = 0) -> subprocess.Popen:
+    """A grpo run of the cpu preset on this repository's default model (``--set`` each of ``overrides``), in a
+    subprocess ``nice`` below this one; returns once it is past its first evaluation or step (its first
+    metrics row), so that what follows runs beside its rollouts."""
     out = folder / "run"
+    flags = [arg for kv in overrides for arg in ("--set", kv)]
     command = [sys.executable, "-m", "trainer.train", "--config", "cpu", "--method", "grpo",
-               "--steps", "1000", "--out", str(out)]  # fmt: skip
+               "--steps", "10000", "--out", str(out), *flags]  # fmt: skip
     log = (folder / "train.log").open("w")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(nice)
+    )
     deadline = time.monotonic() + 1800
     while not (out / "metrics.jsonl").exists():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -218,8 +218,7 @@ def _still_importing(job: ImportJob) -> None:
     """While a batch waits for a core: the job is alive (so no redelivered task takes it over as silent), and
     a cancel asked for meanwhile ends it now."""
     ImportJob.objects.filter(pk=job.pk).update(updated_at=timezone.now())
-    if ImportJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-        raise transfer.ImportCancelled
+    transfer.stop_if_cancelled(job)
 
 
 def import_job_cancel(job: ImportJob) -> str:

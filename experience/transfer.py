@@ -330,6 +330,12 @@ class ImportCancelled(Exception):
     """Someone asked the import to stop (``ImportJob.cancel_requested``) before it wrote anything."""
 
 
+def stop_if_cancelled(job: ImportJob) -> None:
+    """Raise ``ImportCancelled`` if someone asked ``job`` to stop."""
+    if ImportJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+        raise ImportCancelled
+
+
 def run_job(
     job: ImportJob,
     source: IO[AnyStr],
@@ -347,8 +353,7 @@ def run_job(
     phase = {"status": None}
 
     def progress(status: str, done: int) -> None:
-        if ImportJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-            raise ImportCancelled
+        stop_if_cancelled(job)
         now = timezone.now()
         began = {"phase_started_at": now} if status != phase["status"] else {}  # a new phase: its clock
         phase["status"] = status
