@@ -25,6 +25,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import connection, connections
 from django.test import Client
+from psycopg_pool import PoolTimeout
 
 from api.tokens import token_create
 from tests.webapp.conftest import free_port
@@ -36,6 +37,8 @@ from webapp.models import Run
 
 REPO = Path(__file__).resolve().parents[2]
 POOL_SIZE = 2
+QUIET_S = 1.0
+"""How long the pool must have held nothing free before a test calls it empty."""
 
 
 def test_every_process_role_has_a_bounded_pool_and_says_who_it_is(monkeypatch):
@@ -78,39 +81,42 @@ def test_settings_use_the_pool_and_no_persistent_connections():
 
 @contextmanager
 def _pool_held_by_other_threads(*, keep_own: bool = True, timeout_s: float = 0.3) -> Iterator[None]:
-    """Every connection of this process's real pool held by other threads (and this thread's own one, unless
-    ``keep_own`` is false); a caller waits ``timeout_s``."""
+    """Every connection of this process's real pool held by another thread (and this thread's own one, unless
+    ``keep_own`` is false); a caller waits ``timeout_s``.
+
+    The other thread drains the pool rather than counting what is out: in a long test session, threads of
+    earlier tests return connections and the pool grows or replaces them in the background, so a count taken
+    once can leave one free. It takes every connection it can, and keeps taking any that comes back, until
+    the pool has held nothing free for ``QUIET_S``; only then is the pool empty."""
     if keep_own:
         connection.ensure_connection()  # this thread's, from the pool
     else:
         connection.close()
     pool = connection.pool
-    pool.timeout = timeout_s
-    release, held = threading.Event(), []
+    release, quiet, taken = threading.Event(), threading.Event(), []
 
-    def hold_one() -> None:
-        from django.db import connection as own
+    def drain() -> None:
+        empty_since = None
+        while not release.is_set():
+            try:
+                taken.append(pool.getconn(timeout=0.05))
+                empty_since = None
+            except PoolTimeout:
+                empty_since = empty_since or time.monotonic()
+                if time.monotonic() - empty_since >= QUIET_S:
+                    quiet.set()
+        for conn in taken:
+            pool.putconn(conn)
 
-        own.ensure_connection()
-        held.append(1)
-        release.wait(30)
-        own.close()
-
-    stats = pool.get_stats()  # connections out now: this thread's, and any an earlier test's thread kept
-    out = stats.get("pool_size", 0) - stats.get("pool_available", 0)
-    holders = [threading.Thread(target=hold_one) for _ in range(pool.max_size - out)]
-    for t in holders:
-        t.start()
+    drainer = threading.Thread(target=drain)
+    drainer.start()
     try:
-        deadline = time.monotonic() + 30
-        while len(held) < len(holders):
-            assert time.monotonic() < deadline, f"only {len(held)} of {len(holders)} connections were free"
-            time.sleep(0.05)
+        assert quiet.wait(30), f"the pool never stayed empty ({len(taken)} connections taken)"
+        pool.timeout = timeout_s
         yield
     finally:
         release.set()
-        for t in holders:
-            t.join()
+        drainer.join()
         pool.timeout = dbpool.this_process()[1].timeout_s
 
 
