@@ -201,6 +201,10 @@ class ImportOut(Schema):
     entries: int = Field(description="Entries added to the bank (when succeeded).")
     error: str = Field(description="Why nothing was imported (when failed).")
     cancel_requested: bool
+    giving_way_since: datetime | None = Field(
+        description="While embedding: since when it has been sharing the CPU with other work that keeps the "
+        "cores busy (a training run), so it embeds more slowly or waits; null at full speed."
+    )
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

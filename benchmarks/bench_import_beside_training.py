@@ -8,12 +8,13 @@ subprocess at the light worker's priority (``STUDIO_LIGHT_WORK_NICE``) running t
 ``--lines`` lines without vectors, again and again, on a database of its own (``bench_import_training``). A
 block's first step is not counted (it began in the block before). Printed: the median step time
 (``time/step_s``) without an import and with each, their ratios, and the import's lines/s beside training.
-A priority is a nice value, ``15``, or one under ``SCHED_IDLE`` too, ``15-idle`` (the product's:
-``STUDIO_IMPORT_NICE``, ``STUDIO_IMPORT_IDLE``). The output is ``import-beside-training``, or
+A priority is a nice value, ``15``; one under ``SCHED_IDLE`` too, ``15-idle``; or one that embeds at most a
+share of the wall time while the cores are busy, ``19-share50`` (the product's: ``STUDIO_IMPORT_NICE``,
+``STUDIO_IMPORT_IDLE``, ``STUDIO_IMPORT_SHARE``). The output is ``import-beside-training``, or
 ``import-beside-training-at-<priorities>`` for others.
 
     .venv/bin/python benchmarks/bench_import_beside_training.py --rounds 3 --block-steps 3  # the product's
-    .venv/bin/python benchmarks/bench_import_beside_training.py --import-at 15 15-idle   # nice alone too
+    .venv/bin/python benchmarks/bench_import_beside_training.py --import-at 15-idle 19-share50 19
     .venv/bin/python benchmarks/bench_import_beside_training.py --rounds 1 --block-steps 2   # a quick look
 """
 
@@ -56,8 +57,8 @@ def importer(lines: int, at: str) -> None:
     from webapp.models import Run
 
     os.nice(settings.STUDIO_LIGHT_WORK_NICE)
-    nice, _, idle = at.partition("-")
-    settings.STUDIO_IMPORT_NICE, settings.STUDIO_IMPORT_IDLE = int(nice), idle == "idle"
+    nice, idle, share = _priority(at)
+    settings.STUDIO_IMPORT_NICE, settings.STUDIO_IMPORT_IDLE, settings.STUDIO_IMPORT_SHARE = nice, idle, share
     user = User.objects.get(username="bench")
     run = Run.objects.get(name="bench import beside training")
     stop = {"now": False}
@@ -126,9 +127,26 @@ def _stop(loop: subprocess.Popen) -> None:
         loop.wait()
 
 
+def _priority(at: str) -> tuple[int, bool, float]:
+    """``15`` / ``15-idle`` / ``19-share50``: (nice, under SCHED_IDLE, share of wall time while contended)."""
+    nice, _, how = at.partition("-")
+    share = int(how.removeprefix("share")) / 100 if how.startswith("share") else 1.0
+    return int(nice), how == "idle", share
+
+
+def _product_priority() -> str:
+    from django.conf import settings
+
+    if settings.STUDIO_IMPORT_IDLE:
+        return f"{settings.STUDIO_IMPORT_NICE}-idle"
+    share = round(settings.STUDIO_IMPORT_SHARE * 100)
+    return f"{settings.STUDIO_IMPORT_NICE}" + (f"-share{share}" if share < 100 else "")
+
+
 def _label(at: str) -> str:
-    nice, _, idle = at.partition("-")
-    return f"+{nice}" + (" and SCHED_IDLE" if idle else "")
+    nice, idle, share = _priority(at)
+    how = " and SCHED_IDLE" if idle else f", at most {share:.0%} of the time" if share < 1 else ""
+    return f"+{nice}{how}"
 
 
 def _seconds(rows: list[dict]) -> list[float]:
@@ -138,7 +156,9 @@ def _seconds(rows: list[dict]) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="rounds of blocks: none, then each priority")
-    parser.add_argument("--import-at", nargs="+", help="import priorities: 15, 15-idle [the product's]")
+    parser.add_argument(
+        "--import-at", nargs="+", help="import priorities: 15, 15-idle, 19-share50 [the product's]"
+    )
     parser.add_argument("--block-steps", type=int, default=4, help="steps a block; the first is not counted")
     parser.add_argument("--lines", type=int, default=1000, help="lines an import of the loop holds")
     parser.add_argument("--importer", action="store_true", help=argparse.SUPPRESS)
@@ -159,7 +179,7 @@ def main() -> None:
         folder = Path(tmp)
         training = start_training(folder, overrides=SMALL_STEPS, nice=settings.STUDIO_TRAINING_NICE)
         child_env = os.environ | {"STUDIO_DB_NAME": DB_NAME}
-        product = [f"{settings.STUDIO_IMPORT_NICE}" + ("-idle" if settings.STUDIO_IMPORT_IDLE else "")]
+        product = [_product_priority()]
         nices = args.import_at or product
         quiet: list[dict] = []
         beside: dict[str, list[dict]] = {n: [] for n in nices}

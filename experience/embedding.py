@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -103,9 +104,18 @@ class LowPriorityEmbedder:
     it, with that thread's priority and policy, so the whole forward pass runs there while the caller (and its
     database work) keeps its own. Use as a context manager: the thread and its team end with it.
 
-    A batch at low priority may wait long for a core: while it does, the caller runs ``heartbeat`` every
-    ``every_s`` seconds (an import says it is alive and checks for a cancel; what it raises ends the wait, and
-    the batch's result is dropped)."""
+    ``share`` bounds the wall time it embeds while others want the CPU: a batch that got less than half a
+    core to itself (``CONTENDED``) is followed by a pause, so that batches take at most ``share`` of the time
+    beside a busy training run and the rest is the run's; on an idle machine it never pauses.
+
+    A batch at low priority may wait long for a core, and a pause lasts as long as the batches: meanwhile the
+    caller runs ``heartbeat`` every ``every_s`` seconds (an import says it is alive and checks for a cancel;
+    what it raises ends the wait, and the batch's result is dropped). ``giving_way(True)`` is called when
+    it starts to give way to other work (a contended batch, or one that waited ``every_s``),
+    ``giving_way(False)`` when a batch runs at full speed again."""
+
+    CONTENDED = 0.5
+    """A batch whose thread ran on a core for less than this share of its wall time was competing for one."""
 
     def __init__(
         self,
@@ -113,10 +123,15 @@ class LowPriorityEmbedder:
         nice: int,
         *,
         idle: bool = False,
+        share: float = 1.0,
         heartbeat: Callable[[], None] | None = None,
         every_s: float = 30.0,
+        giving_way: Callable[[bool], None] | None = None,
     ) -> None:
-        self.inner, self.heartbeat, self.every_s = inner, heartbeat, every_s
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.inner, self.share, self.every_s = inner, share, every_s
+        self.heartbeat, self.giving_way, self.gave_way = heartbeat, giving_way, False
         self._thread = ThreadPoolExecutor(
             1, "embed-low-priority", initializer=_lower_priority, initargs=(nice, idle)
         )
@@ -125,19 +140,52 @@ class LowPriorityEmbedder:
         return getattr(self.inner, name)
 
     def embed(self, texts: list[str], *, cache: bool = True) -> np.ndarray:
-        batch = self._thread.submit(self.inner.embed, texts, cache=cache)
+        vectors, wall_s, cpu_s = self._wait(self._thread.submit(_timed, self.inner.embed, texts, cache))
+        contended = cpu_s < self.CONTENDED * wall_s
+        self._give_way(contended)
+        if contended and self.share < 1:
+            self._pause(wall_s * (1 - self.share) / self.share)
+        return vectors
+
+    def _wait(self, batch: Future) -> tuple[np.ndarray, float, float]:
         while True:
             try:
                 return batch.result(timeout=self.every_s)
             except TimeoutError:
-                if self.heartbeat is not None:
-                    self.heartbeat()
+                self._give_way(True)
+                self._beat()
+
+    def _pause(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, self.every_s))
+            self._beat()
+
+    def _beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat()
+
+    def _give_way(self, now: bool) -> None:
+        if now != self.gave_way:
+            self.gave_way = now
+            if self.giving_way is not None:
+                self.giving_way(now)
 
     def __enter__(self) -> LowPriorityEmbedder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)  # a dropped batch ends alone
+
+
+def _timed(
+    embed: Callable[..., np.ndarray], texts: list[str], cache: bool
+) -> tuple[np.ndarray, float, float]:
+    """``embed(texts)``, its wall time and the CPU time of this thread (the OpenMP team's master, which takes
+    its share of every parallel region) during it."""
+    wall, cpu = time.monotonic(), time.thread_time()
+    vectors = embed(texts, cache=cache)
+    return vectors, time.monotonic() - wall, time.thread_time() - cpu
 
 
 def _lower_priority(nice: int, idle: bool) -> None:

@@ -262,6 +262,12 @@ class ImportJob(models.Model):
         db_default=False,
         help_text="Asked to stop: it stops before it writes, importing nothing.",
     )
+    giving_way_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Since when it has been sharing the CPU with other work that keeps the cores busy (a "
+        "training run): it embeds more slowly, or waits; empty while it runs at full speed.",
+    )
 
     objects = ImportJobQuerySet.as_manager()
 

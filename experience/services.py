@@ -199,8 +199,10 @@ def import_job_run(job_id: int) -> str:
                 _embedder(job.run_id),
                 settings.STUDIO_IMPORT_NICE,
                 idle=settings.STUDIO_IMPORT_IDLE,
+                share=1.0 if settings.STUDIO_IMPORT_IDLE else settings.STUDIO_IMPORT_SHARE,
                 heartbeat=lambda: _still_importing(job),
                 every_s=settings.STUDIO_IMPORT_HEARTBEAT_S,
+                giving_way=lambda now: _giving_way(job, now),
             ) as e,
         ):
             _run_import(job, source, e)
@@ -219,6 +221,11 @@ def _still_importing(job: ImportJob) -> None:
     a cancel asked for meanwhile ends it now."""
     ImportJob.objects.filter(pk=job.pk).update(updated_at=timezone.now())
     transfer.stop_if_cancelled(job)
+
+
+def _giving_way(job: ImportJob, now: bool) -> None:
+    """The bank page says when an import embeds slowly, or waits, because training keeps the cores busy."""
+    ImportJob.objects.filter(pk=job.pk).update(giving_way_since=timezone.now() if now else None)
 
 
 def import_job_cancel(job: ImportJob) -> str:

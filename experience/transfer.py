@@ -364,6 +364,7 @@ def run_job(
         lines = validate(source, progress)
         ImportJob.objects.filter(pk=job.pk).update(lines=lines)
         source.seek(0)
+        progress(ImportJob.Status.EMBEDDING, 0)  # its first batch may wait long for a core
         stage(job, source, embedder, progress)
         progress(ImportJob.Status.WRITING, lines)
         return commit(job, embedder, capacity=capacity, writing=writing)

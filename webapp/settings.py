@@ -215,6 +215,13 @@ STUDIO_IMPORT_IDLE = os.environ.get("STUDIO_IMPORT_IDLE", "1") not in ("0", "fal
 """Whether a queued import's work also runs under Linux's ``SCHED_IDLE`` policy: a core only when nothing else
 wants it. A nice value alone still gave the import a share of each core beside a run, and a training step's
 threads wait for the slowest of them: at nice 19 its steps took 1.3× as long."""
+STUDIO_IMPORT_SHARE = float(os.environ.get("STUDIO_IMPORT_SHARE", "0.5"))
+"""Beside work that keeps the cores busy (a training run), the most of the wall time a queued import embeds at
+``STUDIO_IMPORT_NICE`` (it pauses for the rest; on an idle machine it never pauses), in (0, 1]. Without
+``SCHED_IDLE`` this is what bounds a run's slowdown while the import still progresses; with it, the import
+only ever runs on what nothing else wants, and this is not used."""
+if not 0 < STUDIO_IMPORT_SHARE <= 1:
+    raise ValueError(f"STUDIO_IMPORT_SHARE must be a share of wall time in (0, 1], got {STUDIO_IMPORT_SHARE}")
 STUDIO_IMPORT_HEARTBEAT_S = float(os.environ.get("STUDIO_IMPORT_HEARTBEAT_S", "30"))
 """While an import's batch waits for a core, how often it says it is alive and looks for a cancel."""
 STUDIO_WEB_PROCESSES = int(os.environ.get("STUDIO_WEB_PROCESSES", "2"))

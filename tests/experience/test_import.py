@@ -357,3 +357,50 @@ def test_a_queued_import_waiting_for_a_core_stays_alive_and_stops_when_cancelled
     job.refresh_from_db()
     assert job.updated_at > beats[0]  # the wait said it was alive
     assert not Experience.objects.filter(run=run).exists() and not ImportRow.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_import_sharing_the_cpu_with_busy_work_says_so_on_its_page_and_in_the_api(
+    run, editor, embedder, tmp_path, settings, client
+):
+    """Beside work that keeps the cores busy (here: another forward pass holds the model for 1.5 s) a queued
+    import gives way, pausing for its share (STUDIO_IMPORT_SHARE); meanwhile the bank page and the API say
+    so, and the import still finishes with every line."""
+    settings.STUDIO_IMPORT_IDLE, settings.STUDIO_IMPORT_SHARE = False, 0.5
+    settings.STUDIO_IMPORT_NICE, settings.STUDIO_IMPORT_HEARTBEAT_S = 0, 0.1
+    client.force_login(editor)
+    path = tmp_path / "queued.jsonl"
+    path.write_text("".join(json.dumps(_record(i)) + "\n" for i in range(5)))
+    job = ImportJob.objects.create(run=run, user=editor, path=str(path), file_name="queued.jsonl")
+    held, outcome = threading.Event(), []
+
+    def busy() -> None:
+        with embedder._encode_lock:
+            held.set()
+            time.sleep(1.5)
+
+    def importing() -> None:
+        try:
+            outcome.append(import_bank(job.id))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=busy), threading.Thread(target=importing)]
+    threads[0].start()
+    held.wait(10)
+    threads[1].start()
+    page_lines, api_since = [], []
+    while threads[1].is_alive():
+        page = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+        if "sharing the CPU" in page:
+            page_lines.append(page)
+            api_since.append(client.get(f"/api/v1/runs/{run.id}/imports/{job.id}").json()["giving_way_since"])
+        time.sleep(0.1)
+    for t in threads:
+        t.join(30)
+    assert outcome == ["succeeded"]
+    assert Experience.objects.in_bank(run.pk).count() == 5
+    assert page_lines and "it embeds at most 50% of the time" in page_lines[0]
+    assert any(api_since)
+    after = client.get(reverse("bank_import_job", args=[run.id, job.id])).content.decode()
+    assert "sharing the CPU" not in after and "imported 5 entries" in after

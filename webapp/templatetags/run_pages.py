@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from django import template
+from django.conf import settings
 from django.utils import timezone
 
 from experience.models import Experience
@@ -193,6 +194,19 @@ def progress_line(progress: dict[str, Any]) -> str:
     if progress.get("eta_s") is not None and progress.get("done", 0) < progress.get("total", 0):
         parts.append(f"{'at most' if progress.get('turns') else 'about'} {_duration(progress['eta_s'])} left")
     return " · ".join(parts)
+
+
+@register.filter
+def import_giving_way(job) -> str:
+    """While an import embeds beside work that keeps the cores busy: why it is slow, since when."""
+    if job.status != "embedding" or job.giving_way_since is None:
+        return ""
+    since = timezone.localtime(job.giving_way_since).strftime("%H:%M")
+    if settings.STUDIO_IMPORT_IDLE:
+        how = "it embeds only on cores nothing else wants, and may wait until that work ends"
+    else:
+        how = f"it embeds at most {settings.STUDIO_IMPORT_SHARE:.0%} of the time"
+    return f"sharing the CPU with other work (a training run) since {since}: {how}."
 
 
 @register.filter
