@@ -62,10 +62,22 @@ METRICS_FILE = "metrics.jsonl"
 SEARCH_TAG = re.compile(r"<search>(.*?)(?:</search>|$)", re.DOTALL | re.IGNORECASE)
 
 
+STUCK = "That changed nothing. "
+"""Opens the note where the tool is offered at a stuck point (``experience.tool_offer`` 'stuck')."""
+
+
 def tool_note(cfg: RunConfig) -> str:
-    """What a guided episode's prompt says of Search-and-Ask after its experience ("" when it is off)."""
+    """What a guided episode's prompt says of Search-and-Ask ("" when it is off)."""
     limit = cfg.search_and_ask_limit
     return TOOL_NOTES[cfg.experience.tool_note].format(limit=limit) if limit else ""
+
+
+def changed_nothing(state: EpisodeState) -> bool:
+    """The episode's last turn left it stuck: an invalid action, or an observation it had seen before in the
+    episode (a move into a wall, back and forth). A turn the tool answered is not one."""
+    if not state.turns or state.turns[-1].intercepted:
+        return False
+    return state.turns[-1].invalid or state.observation in (t.observation for t in state.turns)
 
 
 def scope_for(cfg: RunConfig, env_name: str) -> str:
@@ -204,13 +216,22 @@ class SearchAndAsk:
         )
         return [None if a is None else next(told) for a in asks]
 
+    def offer(self, state: EpisodeState) -> str | None:
+        """With ``experience.tool_offer`` 'stuck': the tool's note next to an observation where a guided
+        episode that may still ask is stuck (``changed_nothing``)."""
+        if self.cfg.experience.tool_offer != "stuck" or not self._may_ask(state):
+            return None
+        return STUCK + tool_note(self.cfg) if changed_nothing(state) else None
+
+    def _may_ask(self, state: EpisodeState) -> bool:
+        asked = sum(t.intercepted for t in state.turns)
+        return state.spec.guided and state.experience is not None and asked < self.limit
+
     def _ask(self, state: EpisodeState, text: str) -> Ask | None:
         """The ask in a completion, if it is one and the episode may still ask."""
         match = SEARCH_TAG.search(text)
-        if match is None or not state.spec.guided or state.experience is None:
-            return None
-        if sum(t.intercepted for t in state.turns) >= self.limit:
-            return None  # over the limit: the text goes to the env as an action
+        if match is None or not self._may_ask(state):
+            return None  # over the limit, say: the text goes to the env as an action
         query = match.group(1).strip() or state.goal
         scope = scope_for(self.cfg, state.spec.env_name)
         return Ask(state.spec, state.position, len(state.turns), query, scope)
@@ -321,7 +342,8 @@ class CoevolutionLoop(TrainingLoop):
         self.step = 0
         limit = cfg.search_and_ask_limit
         self.tool = SearchAndAsk(self.store, self.extractor, cfg, self.reporter) if limit else None
-        self.retriever = BankRetriever(self.store, cfg, tool_note=tool_note(cfg))
+        always = cfg.experience.tool_offer == "always"
+        self.retriever = BankRetriever(self.store, cfg, tool_note=tool_note(cfg) if always else "")
         self.retrieve = self.retriever
         self.eval_retrieve = BankRetriever(self.store, cfg, count=False)
         self.runner = _Runner(self.runner, self.tool, self._submit)

@@ -380,6 +380,10 @@ class ExperienceConfig(_Section):
     tool_note: str = "plain"
     """How a guided episode's prompt offers Search-and-Ask after its experience: 'plain' (what to write) or
     'example' (and one example question) [plain] (``trainer.coevolution.TOOL_NOTES``)."""
+    tool_offer: str = "always"
+    """Where the prompt offers Search-and-Ask: 'always' (the note after the guided episode's experience) or
+    'stuck' (next to an observation only when the episode's last action changed nothing: an invalid action,
+    or an observation it had seen before in the episode) [always]."""
     placement: str = "system"
     """Where a guided rollout's entry goes: 'system' (the system prompt, as the paper) or 'turn' (after every
     observation, next to the answer, where a small actor reads it: docs/experiments/dark-pool/)."""
@@ -407,6 +411,7 @@ class ExperienceConfig(_Section):
         _at_least("search_and_ask_max", self.search_and_ask_max, 0)
         _one_of("placement", self.placement, ("system", "turn"))  # trainer.prompts.PLACEMENTS
         _one_of("tool_note", self.tool_note, ("plain", "example"))  # trainer.coevolution.TOOL_NOTES
+        _one_of("tool_offer", self.tool_offer, ("always", "stuck"))
 
 
 @dataclass(frozen=True)

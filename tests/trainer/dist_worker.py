@@ -229,6 +229,9 @@ class Asking:
         ]
         return self.tool(states, asked)
 
+    def offer(self, state):
+        return self.tool.offer(state)
+
 
 def run_retrieval(model_path: str) -> dict:
     """Two batches through ``ShardedRunner`` with a retriever on rank 0 alone (a helper rank passes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trainer.cancel import Cancelled, CancelToken
@@ -217,3 +219,44 @@ def test_turn_placement_puts_the_experience_after_every_observation_not_in_the_s
     assert EXPERIENCE not in free_text
     with pytest.raises(ValueError, match="experience_placement must be one of"):
         EpisodeRunner(engine, tokenizer, experience_placement="footer")
+
+
+class _Offering:
+    """An intercept that answers no completion and offers ``Offer <turns played>`` after odd turns."""
+
+    collective = False
+
+    def __call__(self, states, texts):
+        return [None] * len(states)
+
+    def offer(self, state):
+        return f"Offer {len(state.turns)}." if len(state.turns) % 2 else None
+
+
+def test_an_offer_goes_next_to_its_own_observation_and_stays_there_when_the_prompt_is_rebuilt(
+    engine, tokenizer
+):
+    runner = EpisodeRunner(
+        engine, tokenizer, max_new_tokens=MAX_NEW, turn_limit=6, context_tokens=CONTEXT, temperature=1.0
+    )
+    specs = [EpisodeSpec(ENV, seed=3, group=0, sample_seed=k) for k in range(2)]
+    try:
+        episodes = runner.run(specs, intercept=_Offering())[0]
+    finally:
+        runner.close()
+    long = [e for e in episodes if e.num_actions >= 4 and len(e.segments) >= 2]
+    assert long, "no episode ran long enough to rebuild its prompt"
+    for e in episodes:
+        for seg in e.segments:
+            text = tokenizer.decode(seg.prompt_ids + seg.response_ids)
+            shown = [int(n) for n in re.findall(r"Offer (\d+)\.", text)]
+            assert all(n % 2 for n in shown)  # never next to an observation it was not made for
+            assert shown == sorted(set(shown))  # once each, in order
+            observations = text.split("<|im_start|>user")[1:]
+            for piece in observations:  # each offer right after its observation, before the answer
+                if "Offer" in piece:
+                    assert piece.index("Offer") > piece.index("Answer with")
+        first = tokenizer.decode(e.segments[0].prompt_ids + e.segments[0].response_ids)
+        assert "Offer 1." in first or e.num_actions < 2
+    rebuilt = tokenizer.decode(long[0].segments[1].prompt_ids)
+    assert re.findall(r"Offer (\d+)\.", rebuilt)  # a rebuilt prompt shows the offers as they were made

@@ -1,13 +1,14 @@
 """How a guided episode's prompt offers Search-and-Ask (``experience.tool_note``): each style says how to
 ask and the limit, the example is itself a question the intercept reads, and a run without the tool says
-nothing of it."""
+nothing of it. With ``experience.tool_offer`` 'stuck' the tool is offered only where the episode is stuck."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.coevolution import SEARCH_TAG, TOOL_NOTES, tool_note
+from trainer.coevolution import SEARCH_TAG, STUCK, TOOL_NOTES, SearchAndAsk, tool_note
 from trainer.config import ConfigError, get_preset
+from trainer.rollout.runner import EpisodeSpec, EpisodeState, Experience, Turn
 
 
 @pytest.mark.parametrize("style", ["plain", "example"])
@@ -30,3 +31,36 @@ def test_no_note_without_the_tool_and_an_unknown_style_is_refused_by_name():
     assert tool_note(off) == ""
     with pytest.raises(ConfigError, match="tool_note"):
         get_preset("cpu").with_overrides(**{"experience.tool_note": "loud"})
+
+
+def _stuck_tool(offer: str = "stuck"):
+    cfg = get_preset("cpu").with_overrides(method="complementary", **{"experience.tool_offer": offer})
+    return SearchAndAsk(None, None, cfg, None), cfg
+
+
+def _state(*turns: tuple[str, bool, bool], now: str, guided: bool = True) -> EpisodeState:
+    """An episode whose turns saw (observation, invalid, intercepted) each, and now sees ``now``."""
+    state = EpisodeState(EpisodeSpec("MiniHack-Room-5x5", 0, guided=guided), None, now, "reach the stairs")
+    state.experience = Experience("The stairs are 2 east.") if guided else None
+    state.turns = [
+        Turn(obs, "east", "east", 0.0, invalid, False, 1, "stop", 0, ask) for obs, invalid, ask in turns
+    ]
+    return state
+
+
+def test_at_a_stuck_point_the_tool_is_offered_and_nowhere_else():
+    tool, cfg = _stuck_tool()
+    note = STUCK + tool_note(cfg)
+    assert tool.offer(_state(now="start")) is None  # nothing played yet
+    assert tool.offer(_state(("start", False, False), now="moved")) is None
+    assert tool.offer(_state(("start", True, False), now="start, invalid")) == note
+    assert tool.offer(_state(("wall", False, False), now="wall")) == note  # the move changed nothing
+    assert tool.offer(_state(("a", False, False), ("b", False, False), now="a")) == note  # back again
+    assert tool.offer(_state(("a", False, True), now="a")) is None  # the tool answered that turn
+    asked = [("q", False, True)] * cfg.search_and_ask_limit
+    assert tool.offer(_state(*asked, ("wall", True, False), now="wall")) is None  # no asks left
+    assert tool.offer(_state(("wall", True, False), now="wall", guided=False)) is None
+    always, _ = _stuck_tool("always")  # the note is in the experience then, never offered apart
+    assert always.offer(_state(("wall", True, False), now="wall")) is None
+    with pytest.raises(ConfigError, match="tool_offer"):
+        get_preset("cpu").with_overrides(**{"experience.tool_offer": "sometimes"})

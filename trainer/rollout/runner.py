@@ -92,6 +92,11 @@ class Intercept(Protocol):
 
     def __call__(self, states: Sequence[EpisodeState], texts: Sequence[str]) -> list[str | None]: ...
 
+    def offer(self, state: EpisodeState) -> str | None:
+        """What the prompt says of the tool next to the episode's observation, now that it has played a turn
+        (None: nothing there)."""
+        ...
+
 
 @dataclass
 class Turn:
@@ -209,6 +214,10 @@ class EpisodeState:
         self.turns: list[Turn] = []
         self.segments: list[Segment] = []
         self.history: list[tuple[str, str]] = []
+        self.offer: str | None = None
+        """What the intercept offers next to the current observation (``Intercept.offer``)."""
+        self.offers: list[str | None] = []
+        """What it offered next to each observation of ``history``, as the prompt showed it."""
         self.reward = 0.0
         self.success = False
         self.truncated = False
@@ -405,6 +414,7 @@ class EpisodeRunner:
                 )
             )
             state.history.append((state.observation, prompts.answer_prefix(state.env) + gen.text))
+            state.offers.append(state.offer)
             state.reward += float(reward)
             state.success = bool(info.get("success", False))
             state.truncated = bool(info.get("truncated", False))
@@ -413,13 +423,14 @@ class EpisodeRunner:
             state.observation = obs
             state.done = bool(done)
             if not state.done:
+                state.offer = intercept.offer(state) if intercept is not None else None
                 self._append_observation(state, obs, gen.token_ids)
         stats.env_s += time.perf_counter() - t0
 
     def _append_observation(self, state: EpisodeState, obs: str, action_ids: Sequence[int]) -> None:
         seg = state.segment
         turn_ids = self.chat.observation_turn(
-            self._user(state, obs), action_ids, prompts.answer_prefix(state.env)
+            self._user(state, obs, state.offer), action_ids, prompts.answer_prefix(state.env)
         )
         if seg.num_ids + len(turn_ids) <= self.prompt_budget:
             seg.response_ids += turn_ids
@@ -430,16 +441,21 @@ class EpisodeRunner:
         # rebuild happens once every several turns rather than every turn.
         self._new_segment(state, state.history, budget=self.prompt_budget // 2)
 
-    def _user(self, state: EpisodeState, observation: str) -> str:
-        """An observation turn's text, with the episode's experience when it is placed in every turn."""
+    def _user(self, state: EpisodeState, observation: str, offer: str | None) -> str:
+        """An observation turn's text, with the episode's experience when it is placed in every turn and what
+        the intercept offered there."""
         turn = self.experience_placement == "turn" and state.experience is not None
-        return prompts.user_message(observation, state.env, state.experience.text if turn else None)
+        extra = ([state.experience.text] if turn else []) + ([offer] if offer else [])
+        return prompts.user_message(observation, state.env, "\n\n".join(extra) or None)
 
     def _new_segment(self, state: EpisodeState, history: Sequence[tuple[str, str]], budget: int = 0) -> None:
         """Start a training segment: the opening prompt, or (``history`` given) a rebuilt one of at most
         ``budget`` ids, or of at most the whole prompt budget when not even the latest turn fits that."""
-        observation = self._user(state, state.observation)
-        shown = [(self._user(state, obs), action) for obs, action in history]
+        observation = self._user(state, state.observation, state.offer)
+        shown = [
+            (self._user(state, obs, offer), action)
+            for (obs, action), offer in zip(history, state.offers, strict=True)
+        ]
         ids = None
         for limit in dict.fromkeys((budget or self.prompt_budget, self.prompt_budget)):
             try:
