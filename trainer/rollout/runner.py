@@ -34,7 +34,7 @@ from trainer import prompts
 from trainer.cancel import CancelToken
 from trainer.envs.base import TextEnv, make_env
 from trainer.prompts import ChatBuilder, ContextOverflow, system_prompt
-from trainer.rollout.base import Engine, GenerationRequest
+from trainer.rollout.base import Engine, Generation, GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -389,43 +389,48 @@ class EpisodeRunner:
             stats.intercept_s += time.perf_counter() - t1
             t0 += time.perf_counter() - t1  # env_s is the envs' time alone
         for state, gen, tool_obs in zip(live, generations, tool_observations, strict=True):
-            seg = state.segment
-            seg.response_ids += gen.token_ids
-            seg.mask += [1] * len(gen.token_ids)
-            seg.engine_logprobs += gen.logprobs
-            stats.generated_tokens += len(gen.token_ids)
-            if tool_obs is not None:
-                obs, reward, done, info = tool_obs, 0.0, False, {}
-            else:
-                obs, reward, done, info = state.env.step(gen.text)
-                stats.env_steps += 1
-            state.turns.append(
-                Turn(
-                    observation=state.observation,
-                    action_text=gen.text,
-                    action=None if tool_obs is not None else state.env.parse_action(gen.text),
-                    reward=float(reward),
-                    invalid=bool(info.get("invalid_action", False)),
-                    done=bool(done),
-                    num_tokens=len(gen.token_ids),
-                    finish_reason=gen.finish_reason,
-                    weight_version=gen.weight_version,
-                    intercepted=tool_obs is not None,
-                )
-            )
-            state.history.append((state.observation, prompts.answer_prefix(state.env) + gen.text))
-            state.offers.append(state.offer)
-            state.reward += float(reward)
-            state.success = bool(info.get("success", False))
-            state.truncated = bool(info.get("truncated", False))
-            if not done and self.turn_limit is not None and len(state.turns) >= self.turn_limit:
-                done, state.truncated = True, True
-            state.observation = obs
-            state.done = bool(done)
+            self._play(state, gen, tool_obs, stats)
             if not state.done:
                 state.offer = intercept.offer(state) if intercept is not None else None
-                self._append_observation(state, obs, gen.token_ids)
+                self._append_observation(state, state.observation, gen.token_ids)
         stats.env_s += time.perf_counter() - t0
+
+    def _play(self, state: EpisodeState, gen: Generation, tool_obs: str | None, stats: RolloutStats) -> None:
+        """One episode's turn: its completion appended, the env stepped (or the intercept's text taken as the
+        observation), the turn recorded."""
+        seg = state.segment
+        seg.response_ids += gen.token_ids
+        seg.mask += [1] * len(gen.token_ids)
+        seg.engine_logprobs += gen.logprobs
+        stats.generated_tokens += len(gen.token_ids)
+        if tool_obs is not None:
+            obs, reward, done, info = tool_obs, 0.0, False, {}
+        else:
+            obs, reward, done, info = state.env.step(gen.text)
+            stats.env_steps += 1
+        state.turns.append(
+            Turn(
+                observation=state.observation,
+                action_text=gen.text,
+                action=None if tool_obs is not None else state.env.parse_action(gen.text),
+                reward=float(reward),
+                invalid=bool(info.get("invalid_action", False)),
+                done=bool(done),
+                num_tokens=len(gen.token_ids),
+                finish_reason=gen.finish_reason,
+                weight_version=gen.weight_version,
+                intercepted=tool_obs is not None,
+            )
+        )
+        state.history.append((state.observation, prompts.answer_prefix(state.env) + gen.text))
+        state.offers.append(state.offer)
+        state.reward += float(reward)
+        state.success = bool(info.get("success", False))
+        state.truncated = bool(info.get("truncated", False))
+        if not done and self.turn_limit is not None and len(state.turns) >= self.turn_limit:
+            done, state.truncated = True, True
+        state.observation = obs
+        state.done = bool(done)
 
     def _append_observation(self, state: EpisodeState, obs: str, action_ids: Sequence[int]) -> None:
         seg = state.segment
