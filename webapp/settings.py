@@ -207,19 +207,19 @@ STUDIO_LIGHT_WORK_NICE = int(os.environ.get("STUDIO_LIGHT_WORK_NICE", "5"))
 0: the same): its exports and previews must not hold pages back, nor a run hold them back (between the web
 server's and training's, ``STUDIO_TRAINING_NICE``). A queued import's work runs lower still
 (``STUDIO_IMPORT_NICE``)."""
-STUDIO_IMPORT_NICE = int(os.environ.get("STUDIO_IMPORT_NICE", "15"))
-"""The CPU priority (``nice``, absolute) of a queued bank import's work in the light worker, above a training
-process's (its worker's + ``STUDIO_TRAINING_NICE``): an import beside a run takes the CPU the run leaves
-(measured by ``benchmarks/bench_import_beside_training.py``); on an idle machine it has every core."""
-STUDIO_IMPORT_IDLE = os.environ.get("STUDIO_IMPORT_IDLE", "1") not in ("0", "false", "no", "")
-"""Whether a queued import's work also runs under Linux's ``SCHED_IDLE`` policy: a core only when nothing else
-wants it. A nice value alone still gave the import a share of each core beside a run, and a training step's
-threads wait for the slowest of them: at nice 19 its steps took 1.3× as long."""
+STUDIO_IMPORT_NICE = int(os.environ.get("STUDIO_IMPORT_NICE", "19"))
+"""The CPU priority (``nice``, absolute) of a queued bank import's embedding in the light worker (a thread of
+its own), below a training process's (its worker's + ``STUDIO_TRAINING_NICE``); on an idle machine it has
+every core (measured by ``benchmarks/bench_import_beside_training.py``)."""
+STUDIO_IMPORT_IDLE = os.environ.get("STUDIO_IMPORT_IDLE", "0") not in ("0", "false", "no", "")
+"""Whether a queued import's embedding runs under Linux's ``SCHED_IDLE`` policy instead: a core only when
+nothing else wants it. Beside a CPU-bound training run it then waits until the run leaves a core (its steps
+took 1.06× as long, the import embedded nothing); off, ``STUDIO_IMPORT_SHARE`` bounds what the run pays."""
 STUDIO_IMPORT_SHARE = float(os.environ.get("STUDIO_IMPORT_SHARE", "0.5"))
-"""Beside work that keeps the cores busy (a training run), the most of the wall time a queued import embeds at
-``STUDIO_IMPORT_NICE`` (it pauses for the rest; on an idle machine it never pauses), in (0, 1]. Without
-``SCHED_IDLE`` this is what bounds a run's slowdown while the import still progresses; with it, the import
-only ever runs on what nothing else wants, and this is not used."""
+"""Beside work that keeps the cores busy (a training run), the most of the wall time a queued import embeds
+(it pauses for the rest; on an idle machine it never pauses), in (0, 1]. At 0.5 a CPU-bound run's steps took
+1.10× as long while the import went on at 3.5 lines/s; at 1 (nice alone) 1.30× at 8 lines/s. Not used with
+``STUDIO_IMPORT_IDLE``, where the import only ever takes what nothing else wants."""
 if not 0 < STUDIO_IMPORT_SHARE <= 1:
     raise ValueError(f"STUDIO_IMPORT_SHARE must be a share of wall time in (0, 1], got {STUDIO_IMPORT_SHARE}")
 STUDIO_IMPORT_HEARTBEAT_S = float(os.environ.get("STUDIO_IMPORT_HEARTBEAT_S", "30"))

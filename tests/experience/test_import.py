@@ -301,8 +301,9 @@ def test_a_merge_applies_while_an_import_writes_its_entries_and_both_keep_everyt
     assert ExperienceChange.objects.filter(run=run, kind="import").count() == 6
 
 
+@pytest.mark.parametrize("nice, idle", [(19, False), (15, True)], ids=["share (default)", "SCHED_IDLE"])
 def test_a_queued_import_embeds_below_a_training_run_and_the_worker_keeps_its_priority(
-    run, user, embedder, monkeypatch, tmp_path, settings
+    run, user, embedder, monkeypatch, tmp_path, settings, nice, idle
 ):
     def priority() -> tuple[int, int]:
         tid = threading.get_native_id()
@@ -315,15 +316,15 @@ def test_a_queued_import_embeds_below_a_training_run_and_the_worker_keeps_its_pr
         return embed(texts, **options)
 
     monkeypatch.setattr(embedder, "embed", recording)
-    settings.STUDIO_IMPORT_NICE, settings.STUDIO_IMPORT_IDLE = 15, True
+    settings.STUDIO_IMPORT_NICE, settings.STUDIO_IMPORT_IDLE = nice, idle
     before = priority()
     path = tmp_path / "queued.jsonl"
     path.write_text("".join(json.dumps(_record(i)) + "\n" for i in range(5)))
     job = ImportJob.objects.create(run=run, user=user, path=str(path), file_name="queued.jsonl")
     assert import_bank(job.id) == "succeeded"
     assert Experience.objects.in_bank(run.pk).count() == 5
-    # below a training process (+10), and only when nothing else wants the core
-    assert seen and set(seen) == {(max(15, before[0]), os.SCHED_IDLE)}
+    # below a training process (+10); under SCHED_IDLE only when nothing else wants the core
+    assert seen and set(seen) == {(max(nice, before[0]), os.SCHED_IDLE if idle else os.SCHED_OTHER)}
     assert priority() == before
 
 
