@@ -132,6 +132,8 @@ class LowPriorityEmbedder:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self.inner, self.share, self.every_s = inner, share, every_s
         self.heartbeat, self.giving_way, self.gave_way = heartbeat, giving_way, False
+        self.last_batch = (0.0, 0.0)
+        """The last batch's wall time and the CPU time its thread got meanwhile, in seconds."""
         self._thread = ThreadPoolExecutor(
             1, "embed-low-priority", initializer=_lower_priority, initargs=(nice, idle)
         )
@@ -141,6 +143,7 @@ class LowPriorityEmbedder:
 
     def embed(self, texts: list[str], *, cache: bool = True) -> np.ndarray:
         vectors, wall_s, cpu_s = self._wait(self._thread.submit(_timed, self.inner.embed, texts, cache))
+        self.last_batch = (wall_s, cpu_s)
         contended = cpu_s < self.CONTENDED * wall_s
         self._give_way(contended)
         if contended and self.share < 1:

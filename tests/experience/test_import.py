@@ -364,7 +364,7 @@ def test_a_queued_import_waiting_for_a_core_stays_alive_and_stops_when_cancelled
 def test_an_import_sharing_the_cpu_with_busy_work_says_so_on_its_page_and_in_the_api(
     run, editor, embedder, tmp_path, settings, client
 ):
-    """Beside work that keeps the cores busy (here: another forward pass holds the model for 1.5 s) a queued
+    """Beside work that keeps the cores busy (here: another forward pass holds the model for 1 s) a queued
     import gives way, pausing for its share (STUDIO_IMPORT_SHARE); meanwhile the bank page and the API say
     so, and the import still finishes with every line."""
     settings.STUDIO_IMPORT_IDLE, settings.STUDIO_IMPORT_SHARE = False, 0.5
@@ -378,7 +378,7 @@ def test_an_import_sharing_the_cpu_with_busy_work_says_so_on_its_page_and_in_the
     def busy() -> None:
         with embedder._encode_lock:
             held.set()
-            time.sleep(1.5)
+            time.sleep(1.0)
 
     def importing() -> None:
         try:
