@@ -119,8 +119,9 @@ class StuckPoints:
     def __init__(self, cfg, note: str) -> None:
         from trainer.coevolution import SearchAndAsk
 
-        options = {"experience.tool_offer": "stuck", "experience.tool_note": note}
-        self.tool = SearchAndAsk(None, None, cfg.with_overrides(**options), None)
+        options = {"experience.tool_offer": "stuck", "experience.tool_note": note}  # as a complementary run
+        self.tool = SearchAndAsk(None, None, cfg.with_overrides(method="complementary", **options), None)
+        assert self.tool.limit > 0, "the tool is off in this config"
         self.offered = 0
 
     def __call__(self, states, texts) -> list[None]:
