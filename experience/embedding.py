@@ -142,6 +142,8 @@ class LowPriorityEmbedder:
         return getattr(self.inner, name)
 
     def embed(self, texts: list[str], *, cache: bool = True) -> np.ndarray:
+        if not texts:  # every line of the batch brought its vector: nothing to time
+            return self.inner.embed(texts, cache=cache)
         vectors, wall_s, cpu_s = self._wait(self._thread.submit(_timed, self.inner.embed, texts, cache))
         self.last_batch = (wall_s, cpu_s)
         contended = cpu_s < self.CONTENDED * wall_s
