@@ -106,7 +106,8 @@ class LowPriorityEmbedder:
 
     ``share`` bounds the wall time it embeds while others want the CPU: a batch that got less than half a
     core to itself (``CONTENDED``) is followed by a pause, so that batches take at most ``share`` of the time
-    beside a busy training run and the rest is the run's; on an idle machine it never pauses.
+    beside a busy training run and the rest is the run's; on an idle machine, or with ``idle``, it never
+    pauses.
 
     A batch at low priority may wait long for a core, and a pause lasts as long as the batches: meanwhile the
     caller runs ``heartbeat`` every ``every_s`` seconds (an import says it is alive and checks for a cancel;
@@ -130,7 +131,8 @@ class LowPriorityEmbedder:
     ) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
-        self.inner, self.share, self.every_s = inner, share, every_s
+        # under SCHED_IDLE it already runs only on what nothing else wants: a pause would give no one anything
+        self.inner, self.share, self.every_s = inner, 1.0 if idle else share, every_s
         self.heartbeat, self.giving_way, self.gave_way = heartbeat, giving_way, False
         self.last_batch = (0.0, 0.0)
         """The last batch's wall time and the CPU time its thread got meanwhile, in seconds."""

@@ -199,7 +199,7 @@ def import_job_run(job_id: int) -> str:
                 _embedder(job.run_id),
                 settings.STUDIO_IMPORT_NICE,
                 idle=settings.STUDIO_IMPORT_IDLE,
-                share=1.0 if settings.STUDIO_IMPORT_IDLE else settings.STUDIO_IMPORT_SHARE,
+                share=settings.STUDIO_IMPORT_SHARE,
                 heartbeat=lambda: _still_importing(job),
                 every_s=settings.STUDIO_IMPORT_HEARTBEAT_S,
                 giving_way=lambda now: _giving_way(job, now),
